@@ -1,0 +1,20 @@
+"""Session-wide fixtures shared by unit, integration and e2e tests."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+# Ray 2.60 turns token auth on once ~/.ray/auth_token exists; tests always run with it off.
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+# Keep torch from spreading over both cores in every process the tests start.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+@pytest.fixture(scope="session")
+def tiny_preset(tmp_path_factory: pytest.TempPathFactory):
+    """The tiny preset (model, tokenizer, task), built once per test session."""
+    from relax.presets.tiny import build_tiny_preset
+
+    return build_tiny_preset(tmp_path_factory.mktemp("tiny-preset"))
