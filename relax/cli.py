@@ -1,0 +1,108 @@
+"""The `relax` command: one entry point for presets, engines, demos and (later) the cluster tools.
+
+Heavy imports (torch, transformers, ray) happen inside the sub-commands so `relax --help` is fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+
+def _positive_int(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}") from None
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {n}")
+    return n
+
+
+def _port(value: str) -> int:
+    n = _positive_int(value)
+    if n > 65535:
+        raise argparse.ArgumentTypeError(f"port must be in 1..65535, got {n}")
+    return n
+
+
+def _cmd_preset(args: argparse.Namespace) -> int:
+    from relax.presets.tiny import build_tiny_preset, describe
+
+    preset = build_tiny_preset(Path(args.out), seed=args.seed)
+    print(describe(preset))
+    return 0
+
+
+def _cmd_engine_serve(args: argparse.Namespace) -> int:
+    from relax.engines.builtin.server import ServerArgs, serve
+
+    model = Path(args.model_path)
+    if not (model / "config.json").is_file():
+        print(f"relax engine serve: --model-path {model} has no config.json (build one with "
+              f"`relax preset tiny --out DIR` and pass DIR/model)", file=sys.stderr)
+        return 2
+    serve(ServerArgs(
+        model_path=str(model), host=args.host, port=args.port, max_running_requests=args.max_running_requests,
+        max_total_tokens=args.max_total_tokens, weight_version=args.weight_version, device=args.device,
+        num_threads=args.num_threads, seed=args.seed, served_model_name=args.served_model_name,
+        log_level=args.log_level,
+    ))
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from relax.demo import run_demo
+
+    return run_demo(Path(args.workdir), concurrency=args.concurrency, requests=args.requests)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="relax", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    preset = sub.add_parser("preset", help="write a model + tokenizer + task preset")
+    preset_sub = preset.add_subparsers(dest="preset", metavar="NAME", required=True)
+    tiny = preset_sub.add_parser("tiny", help="tiny Qwen3 model and a synthetic arithmetic task (offline)")
+    tiny.add_argument("--out", required=True, help="output directory (model/ and data/ are written inside)")
+    tiny.add_argument("--seed", type=int, default=0)
+    tiny.set_defaults(func=_cmd_preset)
+
+    engine = sub.add_parser("engine", help="the built-in inference engine")
+    engine_sub = engine.add_subparsers(dest="engine_command", metavar="ACTION", required=True)
+    serve = engine_sub.add_parser("serve", help="serve a model over SGLang's native HTTP API")
+    serve.add_argument("--model-path", required=True)
+    serve.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: loopback only)")
+    serve.add_argument("--port", type=_port, default=30000)
+    serve.add_argument("--max-running-requests", type=_positive_int, default=64)
+    serve.add_argument("--max-total-tokens", type=_positive_int, default=32768)
+    serve.add_argument("--weight-version", default="0")
+    serve.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
+    serve.add_argument("--num-threads", type=_positive_int, default=1, help="torch CPU threads")
+    serve.add_argument("--seed", type=int, default=0, help="sampling seed")
+    serve.add_argument("--served-model-name", default=None)
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.set_defaults(func=_cmd_engine_serve)
+
+    demo = sub.add_parser("demo", help="run the end-to-end demo on the tiny preset")
+    demo.add_argument("--workdir", default="outputs/demo")
+    demo.add_argument("--concurrency", type=_positive_int, default=16)
+    demo.add_argument("--requests", type=_positive_int, default=64)
+    demo.set_defaults(func=_cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func: Callable[[argparse.Namespace], int] | None = getattr(args, "func", None)
+    if func is None:
+        parser.print_help()
+        return 2
+    return func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,252 @@
+"""The built-in engine's generation loop: continuous batching on a dedicated thread.
+
+One thread owns the model and steps the running batch; HTTP handlers only enqueue requests and
+wait for their completion callbacks. Every control operation (abort, pause, weight load, cache
+flush) takes the same lock as a step, so it happens *between* steps and a request in flight is
+never observed half-updated: after a weight load its cache is rebuilt with the new weights and it
+carries on.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+
+import torch
+
+from relax.engines.builtin.metrics import EngineMetrics, LoadSnapshot
+from relax.engines.builtin.model_runner import ModelRunner
+from relax.engines.builtin.sampling import sample
+from relax.engines.builtin.scheduler import Capacity, FinishType, Request, RequestQueue, admit, check_stop
+
+log = logging.getLogger(__name__)
+
+
+class PauseMode(str, Enum):
+    ABORT = "abort"  # abort everything in flight, then pause
+    RETRACT = "retract"  # move running requests back to the queue, then pause
+    IN_PLACE = "in_place"  # freeze the batch as it is
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """Lifetime counters, exposed by /get_server_info; the batching tests read max_batch_size."""
+
+    steps: int
+    prefills: int
+    generated_tokens: int
+    finished_requests: int
+    max_batch_size: int
+
+
+class Engine:
+    def __init__(
+        self,
+        runner: ModelRunner,
+        decode: Callable[[list[int], bool], str],
+        eos_token_ids: frozenset[int],
+        capacity: Capacity,
+        metrics: EngineMetrics,
+        weight_version: str = "0",
+        seed: int = 0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.runner = runner
+        self.capacity = capacity
+        self.metrics = metrics
+        self.weight_version = weight_version
+        self._decode = decode
+        self._eos = eos_token_ids
+        self._clock = clock
+        self._generator = torch.Generator(device=runner.device).manual_seed(seed)
+        self._lock = threading.Condition()
+        self._waiting = RequestQueue()
+        self._running: list[Request] = []
+        self._paused = False
+        self._stopped = False
+        self._thread: threading.Thread | None = None
+        self._steps = self._prefills = self._generated = self._finished = self._max_batch = 0
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="relax-engine-loop", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped = True
+            self._abort_locked(None, "server shutting down")
+            self._lock.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    # ------------------------------------------------------------------ requests
+    def submit(self, requests: list[Request]) -> None:
+        with self._lock:
+            if self._stopped:
+                raise RuntimeError("engine is shutting down")
+            for req in requests:
+                self._waiting.push(req)
+            self._lock.notify_all()
+
+    def abort(self, rid: str | None, message: str = "aborted by request") -> int:
+        """Abort requests addressed by rid (all when None); returns how many were aborted."""
+        with self._lock:
+            return self._abort_locked(rid, message)
+
+    def has_request(self, rid: str) -> bool:
+        with self._lock:
+            return any(r.matches(rid) for r in [*self._running, *self._waiting])
+
+    # ------------------------------------------------------------------ control
+    def pause(self, mode: PauseMode) -> None:
+        with self._lock:
+            if mode is PauseMode.ABORT:
+                self._abort_locked(None, "aborted by pause_generation")
+            elif mode is PauseMode.RETRACT:
+                self._waiting.push_front(self._running)
+                self._running = []
+                self.runner.invalidate()
+            self._paused = True
+            log.info("generation paused (mode=%s)", mode.value)
+
+    def resume(self) -> None:
+        with self._lock:
+            self._paused = False
+            self._lock.notify_all()
+            log.info("generation resumed")
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    def flush_cache(self) -> None:
+        with self._lock:
+            self.runner.invalidate()
+
+    def load_weights(self, new_model: torch.nn.Module, weight_version: str | None) -> None:
+        """Swap weights between two steps; in-flight requests continue on the new weights."""
+        with self._lock:
+            self.runner.load_weights_from(new_model)
+            if weight_version is not None:
+                self.weight_version = weight_version
+            log.info("weights loaded, weight_version=%s, in_flight=%d", self.weight_version, len(self._running))
+
+    # ------------------------------------------------------------------ observation
+    def snapshot(self) -> LoadSnapshot:
+        with self._lock:
+            return LoadSnapshot(
+                num_running_reqs=len(self._running),
+                num_queue_reqs=len(self._waiting),
+                num_used_tokens=sum(r.used_tokens for r in self._running),
+                max_total_num_tokens=self.capacity.max_total_tokens,
+            )
+
+    def stats(self) -> EngineStats:
+        with self._lock:
+            return EngineStats(self._steps, self._prefills, self._generated, self._finished, self._max_batch)
+
+    # ------------------------------------------------------------------ the loop
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                while not self._stopped and (self._paused or not (self._running or len(self._waiting))):
+                    self._lock.wait()
+                if self._stopped:
+                    return
+                try:
+                    self._step_locked()
+                except Exception as exc:  # a bad step must not kill the server silently
+                    log.exception("engine step failed; aborting the running batch")
+                    for req in self._running:
+                        self._finish(req, {"type": FinishType.ABORT.value, "message": f"engine error: {exc}"})
+                    self._running = []
+                    self.runner.invalidate()
+
+    def _step_locked(self) -> None:
+        now = self._clock()
+        admitted = admit(self._waiting, self._running, self.capacity)
+        if admitted:
+            self._waiting.remove(admitted)
+            for req in admitted:
+                if req.scheduled_at is None:  # a retracted request was already counted
+                    req.scheduled_at = now
+                    self.metrics.queue_time.observe(now - req.arrival)
+            self._running.extend(admitted)
+            self.runner.invalidate()
+        if not self._running:
+            return
+
+        if self.runner.has_cache:
+            logits = self.runner.decode([r.output_ids[-1] for r in self._running])
+        else:
+            logits = self.runner.prefill([r.prompt_ids + r.output_ids for r in self._running])
+            self._prefills += 1
+        params = [r.params for r in self._running]
+        device = self.runner.device
+        sampled = sample(
+            logits,
+            torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device),
+            torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
+            torch.tensor([p.top_k for p in params], dtype=torch.long, device=device),
+            generator=self._generator,
+        )
+        self._steps += 1
+        self._max_batch = max(self._max_batch, len(self._running))
+        now = self._clock()
+        keep: list[int] = []
+        for row, (req, token, logprob) in enumerate(
+            zip(self._running, sampled.token_ids.tolist(), sampled.logprobs.tolist(), strict=True)
+        ):
+            self._append_token(req, token, logprob, now)
+            reason, text = check_stop(req, token, self._decode(req.output_ids, req.params.skip_special_tokens),
+                                      self._eos)
+            req.output_text = text
+            if reason is None:
+                keep.append(row)
+            else:
+                self._finish(req, reason)
+        self._generated += len(self._running)
+        self.metrics.throughput.record(len(self._running))
+        if len(keep) != len(self._running):
+            self._running = [self._running[i] for i in keep]
+            self.runner.keep_rows(keep)
+
+    def _append_token(self, req: Request, token: int, logprob: float, now: float) -> None:
+        if req.first_token_at is None:
+            req.first_token_at = now
+            self.metrics.ttft.observe(now - req.arrival)
+        else:
+            self.metrics.itl.observe(now - (req.last_token_at or now))
+        req.last_token_at = now
+        req.output_ids.append(token)
+        req.output_logprobs.append(logprob)
+
+    def _finish(self, req: Request, reason: dict) -> None:
+        req.finish_reason = reason
+        req.finished_at = self._clock()
+        req.weight_version = self.weight_version
+        if reason["type"] == FinishType.ABORT.value:
+            req.output_text = self._decode(req.output_ids, req.params.skip_special_tokens)
+        else:
+            self.metrics.e2e.observe(req.finished_at - req.arrival)
+        self._finished += 1
+        if req.on_finish is not None:
+            req.on_finish(req)
+
+    def _abort_locked(self, rid: str | None, message: str) -> int:
+        victims = self._waiting.pop_matching(rid)
+        running_hit = [r for r in self._running if rid is None or r.matches(rid)]
+        if running_hit:
+            keep = [i for i, r in enumerate(self._running) if not (rid is None or r.matches(rid))]
+            self._running = [self._running[i] for i in keep]
+            self.runner.keep_rows(keep)
+        for req in [*victims, *running_hit]:
+            self._finish(req, {"type": FinishType.ABORT.value, "message": message})
+        if victims or running_hit:
+            log.info("aborted %d request(s) (rid=%s)", len(victims) + len(running_hit), rid or "*")
+        return len(victims) + len(running_hit)

@@ -1,0 +1,111 @@
+"""Prometheus metrics of the built-in engine, under the names SGLang exports (DESIGN 3.3).
+
+The autoscaler reads these names from real SGLang servers and from the built-in engine alike, so
+the built-in engine must report what really happens: gauges are refreshed from the scheduler's
+state at scrape time, and latency histograms are observed when the events occur.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
+
+# Buckets close to SGLang's defaults: fine resolution below a second, a long tail for queues.
+LATENCY_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 60.0,
+)
+TOKEN_LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class ThroughputWindow:
+    """Generated tokens per second over a sliding window, with an injected clock.
+
+    A window (rather than a lifetime average) makes the gauge fall to zero when the engine goes
+    idle, which is what the autoscaler's "throughput stable" and "idle" rules need to see.
+    """
+
+    def __init__(self, window_s: float = 5.0, clock: Callable[[], float] | None = None) -> None:
+        import time
+
+        self._window_s = window_s
+        self._clock = clock or time.monotonic
+        self._events: deque[tuple[float, int]] = deque()
+
+    def record(self, tokens: int) -> None:
+        self._events.append((self._clock(), tokens))
+        self._evict(self._clock())
+
+    def rate(self) -> float:
+        now = self._clock()
+        self._evict(now)
+        return sum(n for _, n in self._events) / self._window_s
+
+    def _evict(self, now: float) -> None:
+        while self._events and self._events[0][0] < now - self._window_s:
+            self._events.popleft()
+
+
+@dataclass(frozen=True)
+class LoadSnapshot:
+    """The scheduler's state at one instant; what the gauges show."""
+
+    num_running_reqs: int
+    num_queue_reqs: int
+    num_used_tokens: int
+    max_total_num_tokens: int
+
+    @property
+    def token_usage(self) -> float:
+        return self.num_used_tokens / self.max_total_num_tokens if self.max_total_num_tokens else 0.0
+
+
+class EngineMetrics:
+    """One registry per server so several engines in one process never share counters."""
+
+    def __init__(self, model_name: str, clock: Callable[[], float] | None = None) -> None:
+        self.registry = CollectorRegistry()
+        labels = ["model_name"]
+        self._labels = {"model_name": model_name}
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(name, doc, labels, registry=self.registry)
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(name, doc, labels, buckets=buckets, registry=self.registry)
+
+        self._running = gauge("sglang:num_running_reqs", "Requests in the running batch")
+        self._queue = gauge("sglang:num_queue_reqs", "Requests waiting to be scheduled")
+        self._used = gauge("sglang:num_used_tokens", "Tokens held by running requests")
+        self._max_tokens = gauge("sglang:max_total_num_tokens", "Token capacity of the engine")
+        self._usage = gauge("sglang:token_usage", "Fraction of token capacity in use (0-1)")
+        self._throughput = gauge("sglang:gen_throughput", "Generated tokens per second (5 s window)")
+        self._weight_version = gauge("relax:engine_weight_version", "Weight version being served")
+        self.queue_time = histogram(
+            "sglang:queue_time_seconds", "Time from arrival to first scheduling", LATENCY_BUCKETS
+        ).labels(**self._labels)
+        self.ttft = histogram(
+            "sglang:time_to_first_token_seconds", "Time from arrival to the first output token", LATENCY_BUCKETS
+        ).labels(**self._labels)
+        self.itl = histogram(
+            "sglang:inter_token_latency_seconds", "Time between consecutive output tokens", TOKEN_LATENCY_BUCKETS
+        ).labels(**self._labels)
+        self.e2e = histogram(
+            "sglang:e2e_request_latency_seconds", "Time from arrival to completion", LATENCY_BUCKETS
+        ).labels(**self._labels)
+        self.throughput = ThroughputWindow(clock=clock)
+
+    def render(self, snapshot: LoadSnapshot, weight_version: str) -> bytes:
+        """Refresh the gauges from `snapshot` and return the Prometheus text exposition."""
+        lab = self._labels
+        self._running.labels(**lab).set(snapshot.num_running_reqs)
+        self._queue.labels(**lab).set(snapshot.num_queue_reqs)
+        self._used.labels(**lab).set(snapshot.num_used_tokens)
+        self._max_tokens.labels(**lab).set(snapshot.max_total_num_tokens)
+        self._usage.labels(**lab).set(snapshot.token_usage)
+        self._throughput.labels(**lab).set(self.throughput.rate())
+        # SGLang versions are free-form strings; Relax publishes integers. -1 = not numeric.
+        self._weight_version.labels(**lab).set(int(weight_version) if weight_version.isdigit() else -1)
+        return generate_latest(self.registry)

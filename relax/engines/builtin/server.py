@@ -1,0 +1,327 @@
+"""FastAPI/uvicorn server of the built-in engine: SGLang's native HTTP API over `Engine`.
+
+Routes are thin: they validate (protocol.py), tokenize, and hand requests to the generation loop
+(engine.py), which runs on its own thread. Started by `relax engine serve`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from transformers import AutoTokenizer
+
+from relax import __version__
+from relax.engines.builtin.engine import Engine, PauseMode
+from relax.engines.builtin.metrics import EngineMetrics
+from relax.engines.builtin.model_runner import ModelRunner, load_model, resolve_device
+from relax.engines.builtin.protocol import AbortBody, GenerateBody, PauseBody, UpdateWeightsBody
+from relax.engines.builtin.scheduler import Capacity
+from relax.engines.builtin.scheduler import Request as EngineRequest
+
+log = logging.getLogger("relax.engine")
+
+HEALTH_GENERATE_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class ServerArgs:
+    model_path: str
+    host: str = "127.0.0.1"
+    port: int = 30000
+    max_running_requests: int = 64
+    max_total_tokens: int = 32768
+    weight_version: str = "0"
+    device: str = "auto"
+    num_threads: int = 1
+    seed: int = 0
+    served_model_name: str | None = None
+    log_level: str = "info"
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "code": status}}, status_code=status)
+
+
+def _describe_validation(exc: RequestValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
+        parts.append(f"{loc or 'body'}: {err.get('msg', 'invalid')}")
+    return "; ".join(parts)
+
+
+def _check_weights_dir(path: str) -> Path:
+    p = Path(path)
+    if not p.is_dir():
+        raise ApiError(400, f"model_path {path!r} is not a directory on the engine's node")
+    if not any(p.glob("*.safetensors")) and not any(p.glob("*.bin")):
+        raise ApiError(400, f"model_path {path!r} holds no weight files (*.safetensors)")
+    if not (p / "config.json").is_file():
+        raise ApiError(400, f"model_path {path!r} has no config.json")
+    return p
+
+
+class BuiltinServer:
+    """Owns the tokenizer, the model and the generation loop of one engine process."""
+
+    def __init__(self, args: ServerArgs) -> None:
+        self.args = args
+        model_dir = _check_weights_dir(args.model_path)
+        torch.set_num_threads(max(1, args.num_threads))
+        self.device = resolve_device(args.device)
+        self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        model = load_model(model_dir, self.device)
+        self.config = model.config
+        self.model_name = args.served_model_name or model_dir.name
+        self.max_context = int(getattr(model.config, "max_position_embeddings", 1 << 30))
+        self.vocab_size = int(model.config.vocab_size)
+        pad = self.tokenizer.pad_token_id
+        pad = pad if pad is not None else (self.tokenizer.eos_token_id or 0)
+        self.metrics = EngineMetrics(self.model_name)
+        self.engine = Engine(
+            ModelRunner(model, self.device, pad_token_id=pad),
+            decode=lambda ids, skip: self.tokenizer.decode(ids, skip_special_tokens=skip),
+            eos_token_ids=self._eos_ids(model),
+            capacity=Capacity(args.max_running_requests, args.max_total_tokens),
+            metrics=self.metrics,
+            weight_version=str(args.weight_version),
+            seed=args.seed,
+        )
+        self.model_path = str(model_dir)
+        self._started_at = time.time()
+
+    def _eos_ids(self, model: torch.nn.Module) -> frozenset[int]:
+        ids: set[int] = set()
+        for source in (getattr(model, "generation_config", None), model.config):
+            eos = getattr(source, "eos_token_id", None) if source is not None else None
+            if isinstance(eos, int):
+                ids.add(eos)
+            elif isinstance(eos, list):
+                ids.update(eos)
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(self.tokenizer.eos_token_id)
+        return frozenset(ids)
+
+    # ------------------------------------------------------------------ generate
+    async def generate(self, body: GenerateBody) -> dict[str, Any] | list[dict[str, Any]]:
+        params = body.sampling_params.to_params()
+        prompts = body.prompts()
+        prompt_ids = [self._tokenize(p, i) for i, p in enumerate(prompts)]
+        for i, ids in enumerate(prompt_ids):
+            self._check_fits(ids, params.max_new_tokens, i)
+        rids = self._rids(body, len(prompts))
+        loop = asyncio.get_running_loop()
+        now = time.monotonic()
+        futures: list[asyncio.Future[EngineRequest]] = []
+        requests: list[EngineRequest] = []
+        for parent, ids in zip(rids, prompt_ids, strict=True):
+            if self.engine.has_request(parent):
+                raise ApiError(400, f"rid {parent!r} is already in flight; use a unique rid per request")
+            for k in range(params.n):
+                fut: asyncio.Future[EngineRequest] = loop.create_future()
+                futures.append(fut)
+
+                def done(req: EngineRequest, fut: asyncio.Future[EngineRequest] = fut) -> None:
+                    loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(req))
+
+                requests.append(EngineRequest(
+                    rid=parent if params.n == 1 else f"{parent}-{k}", parent_rid=parent, prompt_ids=list(ids),
+                    params=params, arrival=now, on_finish=done,
+                ))
+        self.engine.submit(requests)
+        finished = await asyncio.gather(*futures)
+        outputs = [self._format(req, body.return_logprob) for req in finished]
+        return outputs if body.batched or params.n > 1 else outputs[0]
+
+    def _tokenize(self, prompt: str | list[int], index: int) -> list[int]:
+        if isinstance(prompt, str):
+            return list(self.tokenizer.encode(prompt))
+        bad = [t for t in prompt if t >= self.vocab_size]
+        if bad:
+            raise ApiError(400, f"input_ids of prompt {index} has token id {bad[0]} outside the vocabulary "
+                                f"(size {self.vocab_size})")
+        return prompt
+
+    def _check_fits(self, ids: list[int], max_new_tokens: int, index: int) -> None:
+        need = len(ids) + max_new_tokens
+        if need > self.max_context:
+            raise ApiError(400, f"prompt {index}: {len(ids)} prompt tokens + max_new_tokens {max_new_tokens} "
+                                f"exceed the model's context length {self.max_context}")
+        if need > self.args.max_total_tokens:
+            raise ApiError(400, f"prompt {index}: {need} tokens can never fit the engine's token capacity "
+                                f"(--max-total-tokens {self.args.max_total_tokens})")
+
+    @staticmethod
+    def _rids(body: GenerateBody, count: int) -> list[str]:
+        if isinstance(body.rid, list):
+            return body.rid
+        if isinstance(body.rid, str):
+            return [body.rid] if count == 1 else [f"{body.rid}-{i}" for i in range(count)]
+        return [uuid.uuid4().hex for _ in range(count)]
+
+    @staticmethod
+    def _format(req: EngineRequest, return_logprob: bool) -> dict[str, Any]:
+        meta: dict[str, Any] = {
+            "id": req.rid,
+            "finish_reason": req.finish_reason,
+            "prompt_tokens": len(req.prompt_ids),
+            "completion_tokens": len(req.output_ids),
+            "cached_tokens": 0,
+            "weight_version": req.weight_version,
+            "e2e_latency": (req.finished_at or 0.0) - req.arrival,
+        }
+        if return_logprob:
+            meta["output_token_logprobs"] = [
+                [lp, tok, None] for lp, tok in zip(req.output_logprobs, req.output_ids, strict=True)
+            ]
+        return {"text": req.output_text, "output_ids": list(req.output_ids), "meta_info": meta}
+
+    # ------------------------------------------------------------------ weights
+    async def update_weights(self, body: UpdateWeightsBody) -> dict[str, Any]:
+        path = _check_weights_dir(body.model_path)
+        try:
+            new_model = await asyncio.to_thread(load_model, path, torch.device("cpu"))
+        except Exception as exc:
+            raise ApiError(400, f"could not load weights from {body.model_path!r}: {exc}") from exc
+        if body.abort_all_requests:
+            self.engine.abort(None, "aborted by update_weights_from_disk")
+        version = None if body.weight_version is None else str(body.weight_version)
+        try:
+            await asyncio.to_thread(self.engine.load_weights, new_model, version)
+        except RuntimeError as exc:  # shape/key mismatch: the served weights are untouched
+            raise ApiError(400, f"weights at {body.model_path!r} do not match the served model: {exc}") from exc
+        self.model_path = str(path)
+        return {"success": True, "message": f"loaded {path}", "weight_version": self.engine.weight_version,
+                "num_paused_requests": 0}
+
+    # ------------------------------------------------------------------ info
+    def server_info(self) -> dict[str, Any]:
+        info = {**asdict(self.args), "model_path": self.model_path, "engine": "relax-builtin",
+                "version": __version__, "tp_size": 1, "weight_version": self.engine.weight_version,
+                "max_total_num_tokens": self.args.max_total_tokens, "device": str(self.device),
+                "paused": self.engine.paused, "uptime_s": time.time() - self._started_at,
+                "stats": asdict(self.engine.stats())}
+        return info
+
+    def model_info(self) -> dict[str, Any]:
+        return {"model_path": self.model_path, "tokenizer_path": self.args.model_path, "is_generation": True,
+                "served_model_name": self.model_name, "weight_version": self.engine.weight_version,
+                "architectures": list(getattr(self.config, "architectures", None) or []),
+                "vocab_size": self.vocab_size, "max_context_length": self.max_context}
+
+
+def create_app(server: BuiltinServer) -> FastAPI:
+    app = FastAPI(title="Relax built-in engine", version=__version__)
+    engine = server.engine
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return _error(400, _describe_validation(exc))
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
+        return _error(exc.status, exc.message)
+
+    @app.on_event("shutdown")
+    async def _shutdown() -> None:
+        await asyncio.to_thread(engine.stop)
+
+    @app.post("/generate")
+    async def generate(body: GenerateBody) -> Any:
+        return await server.generate(body)
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/health_generate")
+    async def health_generate() -> dict[str, str]:
+        if engine.paused:  # alive, generation intentionally paused (weight sync)
+            return {"status": "paused"}
+        probe = GenerateBody(input_ids=[0], sampling_params={"max_new_tokens": 1, "temperature": 0.0},
+                             rid=f"health-{uuid.uuid4().hex}")
+        try:
+            await asyncio.wait_for(server.generate(probe), HEALTH_GENERATE_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            raise ApiError(503, "health generation did not finish in time") from None
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        text = server.metrics.render(engine.snapshot(), engine.weight_version)
+        return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    async def flush_cache() -> dict[str, Any]:
+        engine.flush_cache()
+        return {"success": True, "message": "cache flushed"}
+
+    @app.post("/pause_generation")
+    async def pause_generation(body: PauseBody | None = None) -> dict[str, Any]:
+        mode = PauseMode((body or PauseBody()).mode)
+        await asyncio.to_thread(engine.pause, mode)
+        return {"success": True, "mode": mode.value}
+
+    @app.post("/continue_generation")
+    async def continue_generation() -> dict[str, Any]:
+        engine.resume()
+        return {"success": True}
+
+    @app.post("/abort_request")
+    async def abort_request(body: AbortBody) -> dict[str, Any]:
+        if body.abort_all:
+            return {"success": True, "aborted": engine.abort(None, "aborted by abort_request")}
+        count = engine.abort(body.rid, "aborted by abort_request")
+        if count == 0:
+            raise ApiError(404, f"no request with rid {body.rid!r} is queued or running")
+        return {"success": True, "aborted": count}
+
+    @app.post("/update_weights_from_disk")
+    async def update_weights_from_disk(body: UpdateWeightsBody) -> dict[str, Any]:
+        return await server.update_weights(body)
+
+    @app.api_route("/get_weight_version", methods=["GET", "POST"])
+    async def get_weight_version() -> dict[str, str]:
+        return {"weight_version": engine.weight_version}
+
+    @app.get("/get_server_info")
+    @app.get("/server_info")
+    async def get_server_info() -> dict[str, Any]:
+        return server.server_info()
+
+    @app.get("/get_model_info")
+    @app.get("/model_info")
+    async def get_model_info() -> dict[str, Any]:
+        return server.model_info()
+
+    return app
+
+
+def serve(args: ServerArgs) -> None:
+    """Run the server until SIGTERM/SIGINT (uvicorn handles both and runs the shutdown hook)."""
+    import uvicorn
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    server = BuiltinServer(args)
+    app = create_app(server)
+    server.engine.start()
+    log.info("built-in engine serving %s on http://%s:%d (weight_version=%s, device=%s)",
+             server.model_path, args.host, args.port, server.engine.weight_version, server.device)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
