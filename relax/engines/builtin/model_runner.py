@@ -98,6 +98,25 @@ class ModelRunner:
 
     @torch.inference_mode()
     def load_weights_from(self, new_model: torch.nn.Module) -> None:
-        """Copy another instance's weights into the served model (strict key match)."""
+        """Copy another instance's weights into the served model.
+
+        Keys and shapes are checked *before* anything is copied: `load_state_dict` copies every
+        matching tensor before it reports a mismatch, which would leave a half-updated model.
+        """
+        problem = state_dict_mismatch(self.model.state_dict(), new_model.state_dict())
+        if problem:
+            raise ValueError(problem)
         self.model.load_state_dict(new_model.state_dict(), strict=True)
         self.invalidate()
+
+
+def state_dict_mismatch(current: dict[str, torch.Tensor], new: dict[str, torch.Tensor]) -> str | None:
+    """A one-line description of why `new` cannot replace `current`, or None when it can."""
+    missing = sorted(set(current) - set(new))
+    unexpected = sorted(set(new) - set(current))
+    if missing or unexpected:
+        return f"missing tensors {missing[:3]}, unexpected tensors {unexpected[:3]}"
+    for name, tensor in current.items():
+        if tensor.shape != new[name].shape:
+            return f"tensor {name} has shape {tuple(new[name].shape)}, the served model has {tuple(tensor.shape)}"
+    return None

@@ -205,7 +205,7 @@ class BuiltinServer:
         version = None if body.weight_version is None else str(body.weight_version)
         try:
             await asyncio.to_thread(self.engine.load_weights, new_model, version)
-        except RuntimeError as exc:  # shape/key mismatch: the served weights are untouched
+        except ValueError as exc:  # shape/key mismatch: the served weights are untouched
             raise ApiError(400, f"weights at {body.model_path!r} do not match the served model: {exc}") from exc
         self.model_path = str(path)
         return {"success": True, "message": f"loaded {path}", "weight_version": self.engine.weight_version,

@@ -1,0 +1,297 @@
+"""The built-in engine over real HTTP on 127.0.0.1, serving the real tiny preset model."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from prometheus_client.parser import text_string_to_metric_families
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+PROMPT = [{"role": "user", "content": "What is 3 + 4?"}]
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_preset, start_engine):
+    return start_engine(tiny_preset.model_dir, max_running_requests=4)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_preset):
+    return AutoTokenizer.from_pretrained(str(tiny_preset.model_dir))
+
+
+@pytest.fixture(scope="module")
+def prompt_text(tokenizer) -> str:
+    return tokenizer.apply_chat_template(PROMPT, tokenize=False, add_generation_prompt=True)
+
+
+@pytest.fixture
+async def client(engine):
+    async with httpx.AsyncClient(base_url=engine.url, timeout=60, trust_env=False) as c:
+        yield c
+
+
+async def _metrics(client: httpx.AsyncClient) -> dict[str, float]:
+    text = (await client.get("/metrics")).text
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if "le" not in s.labels:
+                out[s.name] = s.value
+    return out
+
+
+async def _poll(predicate: Callable[[], object], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if await predicate():  # type: ignore[misc]
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("condition not met before the deadline")
+
+
+def teacher_forced_logprobs(model_dir: Path, prompt_ids: list[int], output_ids: list[int], temperature: float):
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    ids = torch.tensor([prompt_ids + output_ids])
+    with torch.no_grad():
+        logits = model(ids).logits[0].float()
+    logprobs = torch.log_softmax(logits / temperature, dim=-1)
+    n = len(prompt_ids)
+    return [logprobs[n - 1 + j, tok].item() for j, tok in enumerate(output_ids)]
+
+
+# ---------------------------------------------------------------------- generate
+
+
+async def test_generate_from_text_returns_sglang_shape(client, prompt_text) -> None:
+    r = await client.post("/generate", json={"text": prompt_text, "sampling_params": {"max_new_tokens": 16},
+                                             "rid": "shape-1"})
+    assert r.status_code == 200
+    body = r.json()
+    meta = body["meta_info"]
+    assert meta["id"] == "shape-1"
+    assert meta["finish_reason"]["type"] in ("stop", "length")
+    assert meta["prompt_tokens"] > 0 and meta["completion_tokens"] == len(body["output_ids"]) > 0
+    assert meta["weight_version"] == "0"
+    assert "output_token_logprobs" not in meta
+    assert isinstance(body["text"], str)
+
+
+async def test_generate_from_input_ids_with_n_and_batch(client, tokenizer, prompt_text) -> None:
+    ids = tokenizer.encode(prompt_text)
+    r = await client.post("/generate", json={"input_ids": ids, "sampling_params": {"max_new_tokens": 8, "n": 3}})
+    outs = r.json()
+    assert r.status_code == 200 and isinstance(outs, list) and len(outs) == 3
+    assert all(o["meta_info"]["prompt_tokens"] == len(ids) for o in outs)
+    r = await client.post("/generate", json={"text": [prompt_text, "hello"], "sampling_params": {"max_new_tokens": 4}})
+    assert r.status_code == 200 and len(r.json()) == 2
+
+
+async def test_greedy_is_deterministic_and_stop_strings_trim(client, prompt_text) -> None:
+    params = {"max_new_tokens": 16, "temperature": 0.0}
+    a = (await client.post("/generate", json={"text": prompt_text, "sampling_params": params})).json()
+    b = (await client.post("/generate", json={"text": prompt_text, "sampling_params": params})).json()
+    assert a["output_ids"] == b["output_ids"]
+    assert a["text"].startswith("Answer:")
+    r = (await client.post("/generate", json={"text": prompt_text, "sampling_params": {**params, "stop": [":"]}}))
+    body = r.json()
+    assert body["meta_info"]["finish_reason"] == {"type": "stop", "matched": ":"}
+    assert body["text"] == "Answer"
+
+
+@pytest.mark.parametrize("temperature,top_p,top_k", [(1.0, 1.0, -1), (0.7, 0.9, 20), (0.0, 1.0, -1)])
+async def test_logprobs_match_teacher_forced_forward(client, tiny_preset, tokenizer, prompt_text,
+                                                     temperature, top_p, top_k) -> None:
+    ids = tokenizer.encode(prompt_text)
+    r = await client.post("/generate", json={
+        "input_ids": ids, "return_logprob": True,
+        "sampling_params": {"max_new_tokens": 24, "temperature": temperature, "top_p": top_p, "top_k": top_k,
+                            "ignore_eos": True, "n": 4},
+    })
+    for out in r.json():
+        pairs = out["meta_info"]["output_token_logprobs"]
+        assert [tok for _, tok, _ in pairs] == out["output_ids"]
+        expected = teacher_forced_logprobs(tiny_preset.model_dir, ids, out["output_ids"], temperature or 1.0)
+        got = [lp for lp, _, _ in pairs]
+        assert max(abs(g - e) for g, e in zip(got, expected, strict=True)) < 1e-4
+
+
+async def test_concurrent_requests_are_batched(client, engine, prompt_text) -> None:
+    params = {"max_new_tokens": 32, "ignore_eos": True}
+    before = (await client.get("/get_server_info")).json()["stats"]
+    results = await asyncio.gather(*[
+        client.post("/generate", json={"text": prompt_text, "sampling_params": params}) for _ in range(12)
+    ])
+    assert all(r.json()["meta_info"]["completion_tokens"] == 32 for r in results)
+    after = (await client.get("/get_server_info")).json()["stats"]
+    assert after["max_batch_size"] == 4  # the engine's --max-running-requests
+    assert after["steps"] - before["steps"] < 12 * 32  # fewer forward steps than tokens
+
+    # arriving together, 12 requests x 32 tokens take about 12 / 4 waves of 32 steps
+    r = await client.post("/generate", json={"text": [prompt_text] * 12, "sampling_params": params})
+    assert [o["meta_info"]["completion_tokens"] for o in r.json()] == [32] * 12
+    final = (await client.get("/get_server_info")).json()["stats"]
+    assert final["steps"] - after["steps"] <= 12 * 32 / 4 + 4
+
+
+async def test_queue_metrics_rise_under_load_and_empty_when_idle(client, prompt_text) -> None:
+    before = await _metrics(client)
+    params = {"max_new_tokens": 200, "ignore_eos": True}
+    load = asyncio.gather(*[
+        client.post("/generate", json={"text": prompt_text, "sampling_params": params}) for _ in range(10)
+    ])
+    seen: dict[str, float] = {}
+
+    async def queued() -> bool:
+        m = await _metrics(client)
+        seen.update({k: max(v, seen.get(k, 0.0)) for k, v in m.items()})
+        return m["sglang:num_queue_reqs"] > 0 and m["sglang:num_running_reqs"] == 4
+
+    await _poll(queued)
+    assert seen["sglang:token_usage"] > 0 and seen["sglang:num_used_tokens"] > 0
+    await load
+
+    async def idle() -> bool:
+        m = await _metrics(client)
+        return m["sglang:num_queue_reqs"] == 0 and m["sglang:num_running_reqs"] == 0
+
+    await _poll(idle)
+    after = await _metrics(client)
+    assert after["sglang:token_usage"] == 0
+    assert after["sglang:gen_throughput"] > 0  # the 5 s window still holds the burst
+    for name in ("queue_time_seconds", "time_to_first_token_seconds", "e2e_request_latency_seconds"):
+        key = f"sglang:{name}_count"
+        assert after[key] - before.get(key, 0) >= 10
+    assert after["sglang:inter_token_latency_seconds_count"] > before.get("sglang:inter_token_latency_seconds_count", 0)
+    assert after["sglang:queue_time_seconds_sum"] > before.get("sglang:queue_time_seconds_sum", 0)
+
+
+# ---------------------------------------------------------------------- control endpoints
+
+
+async def test_health_info_and_cache_endpoints(client, tiny_preset) -> None:
+    assert (await client.get("/health")).status_code == 200
+    assert (await client.get("/health_generate")).json() == {"status": "ok"}
+    assert (await client.post("/flush_cache")).json()["success"] is True
+    info = (await client.get("/get_server_info")).json()
+    assert info["engine"] == "relax-builtin" and info["max_running_requests"] == 4
+    model = (await client.get("/get_model_info")).json()
+    assert model["is_generation"] is True and model["model_path"] == str(tiny_preset.model_dir)
+    assert (await client.get("/get_weight_version")).json() == {"weight_version": "0"}
+
+
+async def test_abort_by_rid_and_all(client, prompt_text) -> None:
+    params = {"max_new_tokens": 220, "ignore_eos": True}
+    long_a = asyncio.create_task(client.post("/generate", json={"text": prompt_text, "rid": "abort-a",
+                                                                 "sampling_params": params}))
+    long_b = asyncio.create_task(client.post("/generate", json={"text": prompt_text, "rid": "abort-b",
+                                                                 "sampling_params": params}))
+
+    async def both_running() -> bool:
+        return (await _metrics(client))["sglang:num_running_reqs"] >= 2
+
+    await _poll(both_running)
+    r = await client.post("/abort_request", json={"rid": "abort-a"})
+    assert r.status_code == 200 and r.json()["aborted"] == 1
+    a = (await long_a).json()
+    assert a["meta_info"]["finish_reason"]["type"] == "abort"
+    assert a["meta_info"]["completion_tokens"] < 220
+    r = await client.post("/abort_request", json={"abort_all": True})
+    assert r.json()["aborted"] == 1
+    assert (await long_b).json()["meta_info"]["finish_reason"]["type"] == "abort"
+    unknown = await client.post("/abort_request", json={"rid": "no-such-request"})
+    assert unknown.status_code == 404 and "no-such-request" in unknown.json()["error"]["message"]
+
+
+async def test_pause_in_place_holds_requests_until_continue(client, prompt_text) -> None:
+    assert (await client.post("/pause_generation", json={"mode": "in_place"})).status_code == 200
+    try:
+        task = asyncio.create_task(client.post("/generate", json={"text": prompt_text,
+                                                                  "sampling_params": {"max_new_tokens": 4}}))
+
+        async def queued() -> bool:
+            return (await _metrics(client))["sglang:num_queue_reqs"] == 1
+
+        await _poll(queued)
+        assert not task.done()
+        assert (await client.get("/health_generate")).json() == {"status": "paused"}
+    finally:
+        await client.post("/continue_generation")
+    assert (await task).status_code == 200
+
+
+async def test_pause_abort_mode_aborts_in_flight(client, prompt_text) -> None:
+    task = asyncio.create_task(client.post("/generate", json={
+        "text": prompt_text, "sampling_params": {"max_new_tokens": 220, "ignore_eos": True}}))
+
+    async def running() -> bool:
+        return (await _metrics(client))["sglang:num_running_reqs"] >= 1
+
+    await _poll(running)
+    await client.post("/pause_generation", json={"mode": "abort"})
+    await client.post("/continue_generation")
+    assert (await task).json()["meta_info"]["finish_reason"]["type"] == "abort"
+
+
+async def test_pause_retract_resumes_requests_to_completion(client, prompt_text) -> None:
+    task = asyncio.create_task(client.post("/generate", json={
+        "text": prompt_text, "sampling_params": {"max_new_tokens": 230, "ignore_eos": True}}))
+
+    async def running() -> bool:
+        return (await _metrics(client))["sglang:num_running_reqs"] >= 1
+
+    await _poll(running)
+    await client.post("/pause_generation", json={"mode": "retract"})
+    assert (await _metrics(client))["sglang:num_queue_reqs"] == 1
+    await client.post("/continue_generation")
+    body = (await task).json()
+    assert body["meta_info"]["finish_reason"] == {"type": "length", "length": 230}
+
+
+# ---------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize("payload,needle", [
+    ({}, "exactly one of 'text' or 'input_ids'"),
+    ({"text": "a", "input_ids": [1]}, "exactly one of"),
+    ({"text": 123}, "text"),
+    ({"text": ""}, "empty"),
+    ({"input_ids": [1, "x"]}, "input_ids"),
+    ({"input_ids": [100000]}, "outside the vocabulary"),
+    ({"text": "hi", "sampling_params": {"max_new_tokens": -1}}, "max_new_tokens"),
+    ({"text": "hi", "sampling_params": {"max_new_tokens": 10**9}}, "context length"),
+    ({"text": "hi", "sampling_params": {"max_new_tokens": "10"}}, "max_new_tokens"),
+    ({"text": "hi", "sampling_params": {"max_tokens": 5}}, "max_tokens"),
+    ({"text": "hi", "sampling_params": {"top_p": 0}}, "top_p"),
+    ({"text": "hi", "sampling_params": {"top_k": 0}}, "top_k"),
+    ({"text": "hi", "sampling_params": {"temperature": -0.5}}, "temperature"),
+    ({"text": "hi", "sampling_params": {"n": 0}}, "n"),
+    ({"text": "hi", "sampling_params": {"repetition_penalty": 1.3}}, "repetition_penalty"),
+    ({"text": "hi", "sampling_params": "greedy"}, "sampling_params"),
+])
+async def test_bad_generate_input_is_a_4xx_naming_the_problem(client, payload, needle) -> None:
+    r = await client.post("/generate", json=payload)
+    assert r.status_code == 400, r.text
+    assert needle in r.json()["error"]["message"]
+
+
+async def test_bad_control_input_and_server_keeps_serving(client, tmp_path, prompt_text) -> None:
+    r = await client.post("/generate", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 400
+    r = await client.post("/abort_request", json={})
+    assert r.status_code == 400 and "rid" in r.json()["error"]["message"]
+    r = await client.post("/pause_generation", json={"mode": "sideways"})
+    assert r.status_code == 400 and "mode" in r.json()["error"]["message"]
+    r = await client.post("/update_weights_from_disk", json={"model_path": str(tmp_path / "missing")})
+    assert r.status_code == 400 and "missing" in r.json()["error"]["message"]
+    r = await client.post("/update_weights_from_disk", json={"model_path": str(tmp_path)})
+    assert r.status_code == 400 and "no weight files" in r.json()["error"]["message"]
+    r = await client.post("/generate", json={"text": prompt_text, "sampling_params": {"max_new_tokens": 2}})
+    assert r.status_code == 200
+    assert (await client.get("/get_weight_version")).json() == {"weight_version": "0"}
