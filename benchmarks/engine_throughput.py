@@ -1,0 +1,73 @@
+"""Built-in engine throughput: 1 vs 16 concurrent requests on the tiny preset.
+
+Prints and saves JSON (benchmarks/results/engine_throughput.json). Both figures come from one run
+against one engine, so their ratio is meaningful even on a noisy machine; absolute numbers are not.
+
+    python benchmarks/engine_throughput.py [--requests 64] [--max-new-tokens 64] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import tempfile
+from pathlib import Path
+
+from relax.cluster.network import free_port
+from relax.engines.launcher import BuiltinOptions, ServerProcess, builtin_spec
+from relax.engines.loadgen import run_burst
+from relax.presets.tiny import build_tiny_preset
+
+
+async def _measure(url: str, prompt: str, requests: int, max_new_tokens: int) -> dict:
+    await run_burst(url, prompt, requests=8, concurrency=8, max_new_tokens=8)  # warm-up
+    results = {}
+    for concurrency in (1, 16):
+        n = requests if concurrency > 1 else max(8, requests // 4)
+        r = await run_burst(url, prompt, requests=n, concurrency=concurrency, max_new_tokens=max_new_tokens)
+        results[str(concurrency)] = {
+            "requests": r.requests, "completion_tokens": r.completion_tokens, "seconds": round(r.seconds, 3),
+            "tokens_per_second": round(r.tokens_per_second, 1),
+            "p50_latency_s": round(r.latency_quantile(0.5), 4), "p95_latency_s": round(r.latency_quantile(0.95), 4),
+        }
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--out", default="benchmarks/results/engine_throughput.json")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="relax-bench-") as tmp:
+        preset = build_tiny_preset(Path(tmp) / "tiny")
+        spec = builtin_spec(str(preset.model_dir), "127.0.0.1", free_port(), str(Path(tmp) / "engine.log"),
+                            options=BuiltinOptions(max_running_requests=64, num_threads=1), name="bench-engine")
+        server = ServerProcess(spec)
+        server.start()
+        try:
+            server.wait_healthy(timeout=120)
+            from transformers import AutoTokenizer
+
+            tok = AutoTokenizer.from_pretrained(str(preset.model_dir))
+            prompt = tok.apply_chat_template([{"role": "user", "content": "What is 4 + 5?"}], tokenize=False,
+                                             add_generation_prompt=True)
+            results = asyncio.run(_measure(spec.url, prompt, args.requests, args.max_new_tokens))
+        finally:
+            server.stop(grace_s=10)
+    report = {
+        "benchmark": "engine_throughput", "model": "tiny preset", "max_new_tokens": args.max_new_tokens,
+        "machine": {"cpus": __import__("os").cpu_count(), "python": platform.python_version()},
+        "concurrency": results,
+        "speedup_16_vs_1": round(results["16"]["tokens_per_second"] / results["1"]["tokens_per_second"], 2),
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
