@@ -1,0 +1,374 @@
+"""Async HTTP client of the engine contract (SGLang's native API, DESIGN 3.1).
+
+One client talks to one engine. The same client serves a real SGLang server and Relax's built-in engine,
+because both speak the same endpoints and JSON shapes.
+
+Errors are typed so that callers can decide without parsing strings:
+
+- :class:`EngineUnavailable` - the engine could not be reached or did not answer in time (connection
+  refused/reset, timeouts, a response cut off mid-way, 502/503/504). The router retries the request on
+  another engine.
+- :class:`EngineError` - the engine answered and refused (4xx, 500, ``success: false``). Retrying the same
+  request elsewhere will usually fail the same way.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+# Status codes that mean "this engine cannot serve right now", not "your request is wrong".
+_UNAVAILABLE_STATUS = frozenset({502, 503, 504})
+# Cap on how much of a non-JSON error body goes into an exception message.
+_MAX_BODY_IN_MESSAGE = 500
+
+_UNSET: Any = object()
+
+
+class EngineError(RuntimeError):
+    """An engine call failed; carries where, what and why so logs and the router can act on it."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        url: str,
+        endpoint: str,
+        status_code: int | None = None,
+        server_message: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.url = url
+        self.endpoint = endpoint
+        self.status_code = status_code
+        self.server_message = server_message
+
+    def __reduce__(self):  # keep the fields when the error crosses a Ray / pickle boundary
+        return (
+            _rebuild_error,
+            (type(self), str(self), self.url, self.endpoint, self.status_code, self.server_message),
+        )
+
+
+class EngineUnavailable(EngineError):
+    """The engine is unreachable, timed out or overloaded: retry the request on another engine."""
+
+
+def _rebuild_error(
+    cls: type[EngineError],
+    message: str,
+    url: str,
+    endpoint: str,
+    status_code: int | None,
+    server_message: str | None,
+) -> EngineError:
+    return cls(message, url=url, endpoint=endpoint, status_code=status_code, server_message=server_message)
+
+
+def normalize_base_url(base_url: str) -> str:
+    """Check that ``base_url`` names an engine (http/https, a host, a valid port) and normalise it.
+
+    Raises ``ValueError`` with a message naming the problem; the REST layer reuses this to reject
+    malformed ``engine_urls`` before anything changes state. A path prefix is kept (engines behind a
+    proxy); query strings and fragments are rejected because every endpoint path is appended to it.
+    """
+    if not isinstance(base_url, str) or not base_url.strip():
+        raise ValueError(f"engine URL must be a non-empty string, got {base_url!r}")
+    text = base_url.strip()
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https"):
+        raise ValueError(f"engine URL {text!r} must start with http:// or https://")
+    if not parts.hostname:
+        raise ValueError(f"engine URL {text!r} has no host")
+    try:
+        port = parts.port
+    except ValueError as exc:
+        raise ValueError(f"engine URL {text!r} has an invalid port: {exc}") from None
+    if port is not None and port == 0:
+        raise ValueError(f"engine URL {text!r} has an invalid port: 0")
+    if parts.username or parts.password:
+        raise ValueError(f"engine URL {text!r} must not carry credentials; pass token= instead")
+    if parts.query or parts.fragment:
+        raise ValueError(f"engine URL {text!r} must not have a query string or fragment")
+    return f"{parts.scheme}://{parts.netloc}{parts.path.rstrip('/')}"
+
+
+def _server_message(response: httpx.Response) -> str:
+    """Best-effort extraction of the error text an engine put in its response body."""
+    text = response.text
+    try:
+        body = json.loads(text) if text else None
+    except ValueError:
+        body = None
+    if isinstance(body, dict):
+        error = body.get("error")
+        if isinstance(error, dict) and error.get("message") is not None:
+            return str(error["message"])
+        if isinstance(error, str):
+            return error
+        for key in ("message", "detail"):
+            if body.get(key) is not None:
+                value = body[key]
+                return value if isinstance(value, str) else json.dumps(value)
+    text = text.strip()
+    if len(text) > _MAX_BODY_IN_MESSAGE:
+        text = text[:_MAX_BODY_IN_MESSAGE] + "..."
+    return text or response.reason_phrase
+
+
+class EngineClient:
+    """One engine's HTTP API as async methods; close it with ``aclose()`` or ``async with``.
+
+    ``timeout`` (seconds) applies to every call unless the call passes its own ``timeout=`` (``None``
+    there means no limit): a long generation legitimately outlives a health probe's patience. ``token``
+    is sent as ``Authorization: Bearer`` (SGLang's ``--api-key``). Proxy environment variables are
+    ignored: engines are cluster-internal, and an ``HTTP_PROXY`` meant for the internet must not
+    swallow traffic to 10.x addresses.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        timeout: float = 60.0,
+        token: str | None = None,
+        max_connections: int = 1024,
+    ) -> None:
+        self.base_url = normalize_base_url(base_url)
+        if timeout is None or timeout <= 0:
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        self.timeout = float(timeout)
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url,
+            timeout=self.timeout,
+            headers=headers,
+            trust_env=False,
+            # Many concurrent generations per engine is the normal case; a small pool would turn
+            # queueing on our side into PoolTimeouts that look like an unavailable engine.
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=64),
+        )
+
+    # -- plumbing ---------------------------------------------------------------------------------
+
+    def __repr__(self) -> str:
+        return f"EngineClient({self.base_url!r})"
+
+    @property
+    def closed(self) -> bool:
+        return self._http.is_closed
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> EngineClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def _request(
+        self,
+        method: str,
+        endpoint: str,
+        *,
+        payload: dict[str, Any] | None = None,
+        timeout: float | None = _UNSET,
+    ) -> httpx.Response:
+        """Send one request; map transport failures and error statuses to typed errors.
+
+        ``timeout`` left out means the client's timeout; ``None`` means no limit.
+        """
+        kwargs: dict[str, Any] = {}
+        if payload is not None:
+            kwargs["json"] = payload
+        if timeout is not _UNSET:
+            kwargs["timeout"] = httpx.Timeout(timeout)
+        try:
+            response = await self._http.request(method, endpoint, **kwargs)
+        except httpx.TimeoutException as exc:
+            raise EngineUnavailable(
+                f"{method} {self.base_url}{endpoint} timed out ({type(exc).__name__})",
+                url=self.base_url,
+                endpoint=endpoint,
+            ) from exc
+        except httpx.TransportError as exc:
+            raise EngineUnavailable(
+                f"{method} {self.base_url}{endpoint} failed: {type(exc).__name__}: {exc}",
+                url=self.base_url,
+                endpoint=endpoint,
+            ) from exc
+        if response.is_success:
+            return response
+        message = _server_message(response)
+        cls = EngineUnavailable if response.status_code in _UNAVAILABLE_STATUS else EngineError
+        raise cls(
+            f"{method} {self.base_url}{endpoint} -> {response.status_code}: {message}",
+            url=self.base_url,
+            endpoint=endpoint,
+            status_code=response.status_code,
+            server_message=message,
+        )
+
+    def _json(self, response: httpx.Response, endpoint: str) -> Any:
+        """Parse a JSON body; an empty body is ``None`` (SGLang answers some control calls with none)."""
+        if not response.content:
+            return None
+        try:
+            return response.json()
+        except ValueError as exc:
+            raise EngineError(
+                f"{self.base_url}{endpoint} returned a body that is not JSON: {response.text[:200]!r}",
+                url=self.base_url,
+                endpoint=endpoint,
+                status_code=response.status_code,
+            ) from exc
+
+    async def _get_json(self, endpoint: str, *, timeout: float | None = _UNSET) -> Any:
+        return self._json(await self._request("GET", endpoint, timeout=timeout), endpoint)
+
+    async def _post_json(self, endpoint: str, payload: dict[str, Any], *, timeout: float | None = _UNSET) -> Any:
+        return self._json(await self._request("POST", endpoint, payload=payload, timeout=timeout), endpoint)
+
+    # -- generation -------------------------------------------------------------------------------
+
+    async def generate(
+        self,
+        text: str | list[str] | None = None,
+        *,
+        input_ids: list[int] | list[list[int]] | None = None,
+        sampling_params: dict[str, Any] | None = None,
+        rid: str | list[str] | None = None,
+        return_logprob: bool = False,
+        timeout: float | None = _UNSET,
+        **extra: Any,
+    ) -> dict[str, Any] | list[dict[str, Any]]:
+        """``POST /generate``: one result dict, or a list when ``n > 1`` or the input is batched.
+
+        Exactly one of ``text`` / ``input_ids``. ``extra`` passes further SGLang fields through as-is.
+        """
+        if (text is None) == (input_ids is None):
+            raise ValueError("generate needs exactly one of text= or input_ids=")
+        payload: dict[str, Any] = {"sampling_params": dict(sampling_params or {})}
+        if text is not None:
+            payload["text"] = text
+        else:
+            payload["input_ids"] = input_ids
+        if rid is not None:
+            payload["rid"] = rid
+        if return_logprob:
+            payload["return_logprob"] = True
+        payload.update(extra)
+        response = await self._request("POST", "/generate", payload=payload, timeout=timeout)
+        result = self._json(response, "/generate")
+        if not isinstance(result, dict | list):
+            raise EngineError(
+                f"{self.base_url}/generate returned {type(result).__name__}, expected an object or a list",
+                url=self.base_url,
+                endpoint="/generate",
+                status_code=response.status_code,
+            )
+        return result
+
+    # -- health and metrics -----------------------------------------------------------------------
+
+    async def health(self, *, timeout: float | None = _UNSET) -> None:
+        """``GET /health``: returns when the server process answers; raises otherwise."""
+        await self._request("GET", "/health", timeout=timeout)
+
+    async def health_generate(self, *, timeout: float | None = _UNSET) -> None:
+        """``GET /health_generate``: returns when the engine can actually generate a token."""
+        await self._request("GET", "/health_generate", timeout=timeout)
+
+    async def is_healthy(self, *, generate: bool = True, timeout: float | None = _UNSET) -> bool:
+        """Health as a boolean, for pollers that only need yes/no."""
+        try:
+            if generate:
+                await self.health_generate(timeout=timeout)
+            else:
+                await self.health(timeout=timeout)
+        except EngineError:
+            return False
+        return True
+
+    async def metrics_text(self, *, timeout: float | None = _UNSET) -> str:
+        """``GET /metrics``: the Prometheus exposition text (SGLang needs ``--enable-metrics``)."""
+        return (await self._request("GET", "/metrics", timeout=timeout)).text
+
+    # -- control ----------------------------------------------------------------------------------
+
+    async def flush_cache(self) -> None:
+        """``POST /flush_cache``; SGLang answers 400 while requests are running (raised as EngineError)."""
+        await self._request("POST", "/flush_cache")
+
+    async def pause_generation(self, mode: str = "abort") -> Any:
+        """``POST /pause_generation`` with ``mode`` in abort | retract | in_place."""
+        if mode not in ("abort", "retract", "in_place"):
+            raise ValueError(f"pause mode must be abort, retract or in_place, got {mode!r}")
+        return await self._post_json("/pause_generation", {"mode": mode})
+
+    async def continue_generation(self) -> Any:
+        """``POST /continue_generation``: resume after ``pause_generation``."""
+        return await self._post_json("/continue_generation", {})
+
+    async def abort_request(self, rid: str | None = None, abort_all: bool = False) -> Any:
+        """``POST /abort_request``: abort one request by ``rid``, or all of them."""
+        if rid is None and not abort_all:
+            raise ValueError("abort_request needs rid= or abort_all=True")
+        return await self._post_json("/abort_request", {"rid": rid or "", "abort_all": bool(abort_all)})
+
+    async def update_weights_from_disk(
+        self,
+        model_path: str,
+        weight_version: int | str,
+        load_format: str | None = None,
+        *,
+        timeout: float | None = _UNSET,
+        **extra: Any,
+    ) -> dict[str, Any]:
+        """``POST /update_weights_from_disk``; returns ``{success, message, ...}`` or raises EngineError.
+
+        ``weight_version`` travels as a string because SGLang declares it ``str``; Relax's versions are
+        integers, so callers pass ints and read them back with ``int(...)``.
+        """
+        payload: dict[str, Any] = {"model_path": str(model_path), "weight_version": str(weight_version)}
+        if load_format is not None:
+            payload["load_format"] = load_format
+        payload.update(extra)
+        endpoint = "/update_weights_from_disk"
+        result = await self._post_json(endpoint, payload, timeout=timeout)
+        if not isinstance(result, dict) or not result.get("success", False):
+            message = result.get("message") if isinstance(result, dict) else repr(result)
+            raise EngineError(
+                f"{self.base_url}{endpoint} did not load {model_path!r}: {message}",
+                url=self.base_url,
+                endpoint=endpoint,
+                status_code=200,
+                server_message=None if message is None else str(message),
+            )
+        return result
+
+    # -- identity ---------------------------------------------------------------------------------
+
+    async def get_server_info(self) -> dict[str, Any]:
+        """``GET /get_server_info``: the server's arguments and state (used to vet external engines)."""
+        return await self._get_json("/get_server_info")
+
+    async def get_model_info(self) -> dict[str, Any]:
+        """``GET /get_model_info``: model path and kind."""
+        return await self._get_json("/get_model_info")
+
+    async def get_weight_version(self) -> str:
+        """``GET /get_weight_version``: the version string the engine currently serves."""
+        endpoint = "/get_weight_version"
+        body = await self._get_json(endpoint)
+        if not isinstance(body, dict) or "weight_version" not in body:
+            raise EngineError(
+                f"{self.base_url}{endpoint} returned {body!r}, expected {{'weight_version': ...}}",
+                url=self.base_url,
+                endpoint=endpoint,
+            )
+        return str(body["weight_version"])

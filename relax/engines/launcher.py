@@ -1,0 +1,348 @@
+"""Start, health-check and stop one engine server process; shared by the SGLang and built-in backends.
+
+Functional core, imperative shell: a backend's command builder is a pure function that returns a
+:class:`LaunchSpec` (argv, env, address, health path, log path); :class:`ServerProcess` is the only code
+that touches processes. Because SGLang cannot run on the development machines, the tests drive this very
+code path with the built-in engine's spec, which keeps the SGLang launch path honest (DESIGN 3.1).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_HEALTH_PATH = "/health_generate"
+# Lines of the server log quoted in launch errors: enough for a Python traceback, short enough to read.
+LOG_TAIL_LINES = 40
+_TAIL_BYTES = 64 * 1024
+# Upper bound on one health probe: /health_generate runs a real generation, which can be slow the first
+# time (compilation, cache warm-up), but a probe that hangs longer should not eat the whole deadline.
+_MAX_PROBE_S = 30.0
+_SECRET_FLAGS = frozenset({"--api-key", "--admin-api-key"})
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """Everything needed to start one server and know when it is ready; pure data, picklable.
+
+    ``env`` holds overrides applied on top of the launching process's environment. ``host`` is the bind
+    address; :attr:`url` is the address to connect to (a wildcard bind is reached over loopback).
+    ``token`` is sent as a bearer token with health probes (SGLang's ``--api-key``).
+    """
+
+    argv: tuple[str, ...]
+    host: str
+    port: int
+    log_path: str
+    env: Mapping[str, str] = field(default_factory=dict)
+    health_path: str = DEFAULT_HEALTH_PATH
+    name: str = "engine"
+    cwd: str | None = None
+    token: str | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.argv:
+            raise ValueError("LaunchSpec.argv must not be empty")
+        if not 0 < int(self.port) < 65536:
+            raise ValueError(f"LaunchSpec.port must be in 1..65535, got {self.port!r}")
+        if not self.health_path.startswith("/"):
+            raise ValueError(f"LaunchSpec.health_path must start with '/', got {self.health_path!r}")
+        object.__setattr__(self, "argv", tuple(str(a) for a in self.argv))
+        object.__setattr__(self, "env", {str(k): str(v) for k, v in self.env.items()})
+
+    @property
+    def url(self) -> str:
+        return f"http://{connect_host(self.host)}:{self.port}"
+
+
+def connect_host(bind_host: str) -> str:
+    """The address a client on this node uses to reach a server bound to ``bind_host``."""
+    if bind_host in ("0.0.0.0", ""):
+        return "127.0.0.1"
+    if bind_host == "::":
+        return "[::1]"
+    if ":" in bind_host and not bind_host.startswith("["):
+        return f"[{bind_host}]"
+    return bind_host
+
+
+class ServerLaunchError(RuntimeError):
+    """The server exited or never became healthy; the message quotes the end of its log."""
+
+    def __init__(self, message: str, *, name: str, exit_code: int | None, log_path: str, log_tail: str) -> None:
+        super().__init__(message)
+        self.name = name
+        self.exit_code = exit_code
+        self.log_path = log_path
+        self.log_tail = log_tail
+
+    def __reduce__(self):  # survive the trip through Ray's error wrapping
+        return (_rebuild_launch_error, (str(self), self.name, self.exit_code, self.log_path, self.log_tail))
+
+
+def _rebuild_launch_error(
+    message: str, name: str, exit_code: int | None, log_path: str, log_tail: str
+) -> ServerLaunchError:
+    return ServerLaunchError(message, name=name, exit_code=exit_code, log_path=log_path, log_tail=log_tail)
+
+
+def read_log_tail(path: str | os.PathLike[str], lines: int = LOG_TAIL_LINES) -> str:
+    """The last ``lines`` lines of a log file ('' when it does not exist yet)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - _TAIL_BYTES))
+            data = fh.read()
+    except FileNotFoundError:
+        return ""
+    text = data.decode("utf-8", errors="replace")
+    return "\n".join(text.splitlines()[-lines:])
+
+
+class ServerProcess:
+    """One server subprocess in its own session (process group), logging to ``spec.log_path``.
+
+    Its own session means ``stop`` reaches every process the server spawned (SGLang forks schedulers
+    and detokenizers) and a signal aimed at the parent (Ctrl-C in a terminal, SIGTERM to a Ray worker)
+    does not hit the server behind our back. ``stop`` is idempotent and safe to call from any thread.
+    """
+
+    def __init__(self, spec: LaunchSpec) -> None:
+        self.spec = spec
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._lock = threading.Lock()
+        self._started_at: float | None = None
+
+    def __repr__(self) -> str:
+        return f"ServerProcess({self.spec.name!r}, url={self.url!r}, pid={self.pid})"
+
+    @property
+    def url(self) -> str:
+        return self.spec.url
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
+
+    @property
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self._proc is None else self._proc.poll()
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        return read_log_tail(self.spec.log_path, lines)
+
+    def start(self) -> int:
+        """Start the server; returns its pid. Starting twice is a bug and raises."""
+        with self._lock:
+            if self._proc is not None:
+                raise RuntimeError(f"{self.spec.name}: server already started (pid {self._proc.pid})")
+            log_path = Path(self.spec.log_path)
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            env = {**os.environ, **self.spec.env}
+            with open(log_path, "ab") as log:
+                self._proc = subprocess.Popen(
+                    list(self.spec.argv),
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    cwd=self.spec.cwd,
+                    start_new_session=True,
+                    close_fds=True,
+                )
+            self._started_at = time.monotonic()
+        logger.info(
+            "%s: started server pid=%d url=%s log=%s argv=%s",
+            self.spec.name,
+            self._proc.pid,
+            self.url,
+            log_path,
+            format_argv(self.spec.argv),
+        )
+        return self._proc.pid
+
+    def wait_healthy(self, timeout: float, *, poll_interval: float = 0.5) -> float:
+        """Poll ``GET spec.health_path`` until it answers 200; returns the seconds it took.
+
+        Fails fast when the process exits. On failure raises :class:`ServerLaunchError` quoting the log
+        tail and exit code, and leaves the process as it is: the caller decides whether to ``stop`` it.
+        """
+        if self._proc is None:
+            raise RuntimeError(f"{self.spec.name}: wait_healthy before start")
+        began = time.monotonic()
+        deadline = began + timeout
+        url = self.url + self.spec.health_path
+        last_problem = "no answer yet"
+        headers = {"Authorization": f"Bearer {self.spec.token}"} if self.spec.token else {}
+        with httpx.Client(trust_env=False, headers=headers) as http:
+            while True:
+                code = self._proc.poll()
+                if code is not None:
+                    raise self._launch_error(f"exited with code {code} before it became healthy", code)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise self._launch_error(f"not healthy after {timeout:.0f}s (last probe: {last_problem})", None)
+                try:
+                    response = http.get(url, timeout=max(0.1, min(remaining, _MAX_PROBE_S)))
+                    if response.status_code == 200:
+                        took = time.monotonic() - began
+                        logger.info("%s: healthy at %s after %.1fs", self.spec.name, self.url, took)
+                        return took
+                    last_problem = f"HTTP {response.status_code}"
+                except httpx.HTTPError as exc:
+                    last_problem = type(exc).__name__
+                # Waiting on the process (not sleeping) returns at once if it dies meanwhile.
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self._proc.wait(timeout=max(0.0, min(poll_interval, deadline - time.monotonic())))
+
+    def _launch_error(self, what: str, exit_code: int | None) -> ServerLaunchError:
+        tail = self.log_tail()
+        message = (
+            f"{self.spec.name}: server {what}; url={self.url} log={self.spec.log_path}\n"
+            f"--- last {LOG_TAIL_LINES} lines of the server log ---\n{tail or '(log is empty)'}"
+        )
+        return ServerLaunchError(
+            message, name=self.spec.name, exit_code=exit_code, log_path=self.spec.log_path, log_tail=tail
+        )
+
+    def stop(self, grace_s: float = 10.0) -> int | None:
+        """SIGTERM the process group, wait up to ``grace_s``, then SIGKILL; returns the exit code.
+
+        Idempotent: a stopped (or never started) server returns its exit code (or None) again.
+        """
+        with self._lock:
+            proc = self._proc
+            if proc is None:
+                return None
+            if proc.poll() is None:
+                self._signal_group(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=max(0.0, grace_s))
+                except subprocess.TimeoutExpired:
+                    logger.warning(
+                        "%s: server pid=%d ignored SIGTERM for %.1fs; killing", self.spec.name, proc.pid, grace_s
+                    )
+                    self._signal_group(signal.SIGKILL)
+                    proc.wait()
+                logger.info("%s: server pid=%d stopped, exit code %s", self.spec.name, proc.pid, proc.returncode)
+            # Children the server forked may outlive it; they share its process group.
+            self._signal_group(signal.SIGKILL)
+            return proc.returncode
+
+    def _signal_group(self, sig: signal.Signals) -> None:
+        assert self._proc is not None
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self._proc.pid, sig)
+
+
+# -- the built-in engine's command -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BuiltinOptions:
+    """Tuning knobs of the built-in engine (``relax engine serve``); None leaves the server's default."""
+
+    max_running_requests: int | None = None
+    max_total_tokens: int | None = None
+    num_threads: int | None = None
+
+
+def builtin_command(
+    model_path: str,
+    host: str,
+    port: int,
+    max_running_requests: int | None = None,
+    max_total_tokens: int | None = None,
+    weight_version: int | str | None = None,
+    num_threads: int | None = None,
+) -> list[str]:
+    """argv of the built-in engine, run with this interpreter so it sees the same packages."""
+    argv = [sys.executable, "-m", "relax.cli", "engine", "serve"]
+    argv += ["--model-path", str(model_path), "--host", str(host), "--port", str(int(port))]
+    optional = (
+        ("--max-running-requests", max_running_requests),
+        ("--max-total-tokens", max_total_tokens),
+        ("--weight-version", weight_version),
+        ("--num-threads", num_threads),
+    )
+    for flag, value in optional:
+        if value is not None:
+            argv += [flag, str(value)]
+    return argv
+
+
+def _package_root() -> str:
+    """The directory holding the ``relax`` package, so the server imports the same code as we do."""
+    import relax
+
+    return str(Path(relax.__file__).resolve().parent.parent)
+
+
+def builtin_spec(
+    model_path: str,
+    host: str,
+    port: int,
+    log_path: str,
+    *,
+    weight_version: int | str | None = None,
+    options: BuiltinOptions | None = None,
+    env: Mapping[str, str] | None = None,
+    name: str = "engine",
+) -> LaunchSpec:
+    """LaunchSpec of the built-in engine.
+
+    The package root is put first on ``PYTHONPATH`` because a source checkout that is not pip-installed
+    is importable in a Ray worker (Ray adds the driver's directory to its ``sys.path``) but not in a fresh
+    subprocess. ``PYTHONUNBUFFERED`` makes the log tail in launch errors current.
+    """
+    options = options or BuiltinOptions()
+    argv = builtin_command(
+        model_path,
+        host,
+        port,
+        max_running_requests=options.max_running_requests,
+        max_total_tokens=options.max_total_tokens,
+        weight_version=weight_version,
+        num_threads=options.num_threads,
+    )
+    inherited = os.environ.get("PYTHONPATH", "")
+    merged_env = {
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": os.pathsep.join(p for p in (_package_root(), inherited) if p),
+    }
+    if options.num_threads is not None:
+        merged_env["OMP_NUM_THREADS"] = str(options.num_threads)
+    merged_env.update(env or {})
+    return LaunchSpec(argv=tuple(argv), host=host, port=int(port), log_path=str(log_path), env=merged_env, name=name)
+
+
+def format_argv(argv: Sequence[str]) -> str:
+    """A copy-pasteable shell line for logs, with secrets (``--api-key``) masked."""
+    shown: list[str] = []
+    for i, arg in enumerate(argv):
+        flag = arg.split("=", 1)[0]
+        if flag in _SECRET_FLAGS and "=" in arg:
+            arg = f"{flag}=***"
+        elif i > 0 and argv[i - 1] in _SECRET_FLAGS:
+            arg = "***"
+        shown.append(shlex.quote(arg))
+    return " ".join(shown)

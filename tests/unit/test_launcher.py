@@ -1,0 +1,356 @@
+"""LaunchSpec / ServerProcess with a stand-in server script, the built-in command, network helpers."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+import relax
+from relax.cluster.network import LOCALHOST, free_port, node_ip
+from relax.engines.actor import _port_was_taken, build_launch_spec, resolve_host
+from relax.engines.launcher import (
+    BuiltinOptions,
+    LaunchSpec,
+    ServerLaunchError,
+    ServerProcess,
+    builtin_command,
+    builtin_spec,
+    connect_host,
+    read_log_tail,
+)
+from relax.engines.sglang import SGLangOptions
+
+# A stand-in engine: serves GET /health_generate and behaves as the mode says.
+FAKE_SERVER = textwrap.dedent(
+    """
+    import http.server, os, signal, subprocess, sys, time
+    port, mode = int(sys.argv[1]), sys.argv[2]
+    print("fake server starting, MARK=" + os.environ.get("MARK", "-"), flush=True)
+    if mode == "fail":
+        for i in range(100):
+            print(f"log line {i}", flush=True)
+        print("Traceback: model not found", flush=True)
+        sys.exit(3)
+    if mode == "ignore-term":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if mode == "spawn-child":
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        open(sys.argv[3], "w").write(str(child.pid))
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            code = 503 if mode == "never" else 200
+            self.send_response(code)
+            self.end_headers()
+            self.wfile.write(b"{}")
+        def log_message(self, *a):
+            pass
+    http.server.ThreadingHTTPServer(("127.0.0.1", port), H).serve_forever()
+    """
+)
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.02)
+
+
+def pid_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:  # a zombie is as good as gone: it no longer runs
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+@pytest.fixture
+def fake_spec(tmp_path: Path) -> Callable[..., LaunchSpec]:
+    script = tmp_path / "fake_server.py"
+    script.write_text(FAKE_SERVER)
+
+    def make(mode: str = "ok", *extra: str, env: dict[str, str] | None = None) -> LaunchSpec:
+        port = free_port()
+        return LaunchSpec(
+            argv=(sys.executable, str(script), str(port), mode, *extra),
+            host="127.0.0.1",
+            port=port,
+            log_path=str(tmp_path / "logs" / f"fake-{port}.log"),
+            env=env or {},
+            name="engine_test",
+        )
+
+    return make
+
+
+# -- LaunchSpec -------------------------------------------------------------------------------------
+
+
+def test_launch_spec_validates_and_builds_the_url() -> None:
+    spec = LaunchSpec(argv=["x", 1], host="10.0.0.2", port=30000, log_path="/tmp/x.log", env={"A": 1})
+    assert spec.argv == ("x", "1") and spec.env == {"A": "1"}
+    assert spec.url == "http://10.0.0.2:30000"
+    assert spec.health_path == "/health_generate"
+    with pytest.raises(ValueError, match="argv"):
+        LaunchSpec(argv=(), host="h", port=1, log_path="l")
+    with pytest.raises(ValueError, match="port"):
+        LaunchSpec(argv=("x",), host="h", port=70000, log_path="l")
+    with pytest.raises(ValueError, match="health_path"):
+        LaunchSpec(argv=("x",), host="h", port=1, log_path="l", health_path="health")
+    assert pickle.loads(pickle.dumps(spec)) == spec
+
+
+@pytest.mark.parametrize(
+    ("bind", "connect"),
+    [("0.0.0.0", "127.0.0.1"), ("::", "[::1]"), ("fe80::1", "[fe80::1]"), ("10.1.2.3", "10.1.2.3")],
+)
+def test_connect_host(bind: str, connect: str) -> None:
+    assert connect_host(bind) == connect
+
+
+# -- built-in engine command --------------------------------------------------------------------------
+
+
+def test_builtin_command_minimal() -> None:
+    assert builtin_command("/m", "127.0.0.1", 31000) == [
+        sys.executable, "-m", "relax.cli", "engine", "serve",
+        "--model-path", "/m", "--host", "127.0.0.1", "--port", "31000",
+    ]  # fmt: skip
+
+
+def test_builtin_command_all_options() -> None:
+    argv = builtin_command(
+        "/m", "0.0.0.0", 31000, max_running_requests=8, max_total_tokens=4096, weight_version=2, num_threads=1
+    )
+    assert argv[5:] == [
+        "--model-path", "/m", "--host", "0.0.0.0", "--port", "31000",
+        "--max-running-requests", "8", "--max-total-tokens", "4096", "--weight-version", "2", "--num-threads", "1",
+    ]  # fmt: skip
+
+
+def test_builtin_spec_makes_the_package_importable_and_logs_unbuffered(tmp_path: Path) -> None:
+    spec = builtin_spec(
+        "/m", "127.0.0.1", 31000, str(tmp_path / "e.log"),
+        weight_version=0, options=BuiltinOptions(num_threads=2), env={"EXTRA": "1"}, name="engine_3",
+    )  # fmt: skip
+    root = str(Path(relax.__file__).resolve().parent.parent)
+    assert spec.env["PYTHONPATH"].split(os.pathsep)[0] == root
+    assert spec.env["PYTHONUNBUFFERED"] == "1"
+    assert spec.env["OMP_NUM_THREADS"] == "2"
+    assert spec.env["EXTRA"] == "1"
+    assert spec.name == "engine_3" and spec.url == "http://127.0.0.1:31000"
+    assert "--num-threads" in spec.argv and "--weight-version" in spec.argv
+
+
+def test_build_launch_spec_dispatches_by_backend(tmp_path: Path) -> None:
+    log = str(tmp_path / "e.log")
+    builtin = build_launch_spec("builtin", "engine_0", "/m", "127.0.0.1", 1234, log)
+    assert builtin.argv[1:3] == ("-m", "relax.cli")
+    sgl = build_launch_spec("sglang", "engine_0", "/m", "127.0.0.1", 1234, log, nccl_port=2345)
+    assert sgl.argv[1:3] == ("-m", "sglang.launch_server") and "--nccl-port" in sgl.argv
+    with pytest.raises(ValueError, match="unknown engine backend 'vllm'"):
+        build_launch_spec("vllm", "engine_0", "/m", "127.0.0.1", 1234, log)
+    with pytest.raises(TypeError, match="BuiltinOptions"):
+        build_launch_spec("builtin", "engine_0", "/m", "127.0.0.1", 1234, log, options=SGLangOptions())
+    with pytest.raises(TypeError, match="SGLangOptions"):
+        build_launch_spec("sglang", "engine_0", "/m", "127.0.0.1", 1234, log, options=BuiltinOptions())
+
+
+def test_port_taken_detection() -> None:
+    def err(tail: str, code: int | None) -> ServerLaunchError:
+        return ServerLaunchError("x", name="e", exit_code=code, log_path="l", log_tail=tail)
+
+    assert _port_was_taken(err("OSError: [Errno 98] Address already in use", 1))
+    assert not _port_was_taken(err("OSError: [Errno 98] Address already in use", None))
+    assert not _port_was_taken(err("FileNotFoundError: model", 1))
+
+
+# -- ServerProcess ------------------------------------------------------------------------------------
+
+
+def test_start_wait_healthy_stop(fake_spec: Callable[..., LaunchSpec]) -> None:
+    server = ServerProcess(fake_spec("ok", env={"MARK": "hello"}))
+    assert server.pid is None and not server.alive and server.stop() is None
+    pid = server.start()
+    try:
+        took = server.wait_healthy(timeout=30)
+        assert took >= 0 and server.alive and server.returncode is None
+        assert "MARK=hello" in server.log_tail()  # env overrides reach the server
+        with pytest.raises(RuntimeError, match="already started"):
+            server.start()
+    finally:
+        code = server.stop(grace_s=10)
+    assert code == -signal.SIGTERM
+    assert not server.alive
+    wait_for(lambda: pid_gone(pid), 10, "the server pid to go")
+    assert server.stop() == code  # idempotent
+
+
+def test_exit_during_startup_fails_fast_with_log_tail(fake_spec: Callable[..., LaunchSpec]) -> None:
+    server = ServerProcess(fake_spec("fail"))
+    server.start()
+    began = time.monotonic()
+    with pytest.raises(ServerLaunchError) as info:
+        server.wait_healthy(timeout=60)
+    assert time.monotonic() - began < 30  # did not wait for the deadline
+    err = info.value
+    assert err.exit_code == 3
+    assert "exited with code 3" in str(err)
+    assert "Traceback: model not found" in str(err)
+    assert "log line 99" in str(err) and "log line 50" not in str(err)  # only the last 40 lines
+    assert len(err.log_tail.splitlines()) == 40
+    assert err.log_path == server.spec.log_path
+    back = pickle.loads(pickle.dumps(err))
+    assert (back.exit_code, back.log_tail, str(back)) == (3, err.log_tail, str(err))
+    assert server.stop() == 3
+
+
+def test_never_healthy_times_out_and_leaves_stopping_to_the_caller(fake_spec: Callable[..., LaunchSpec]) -> None:
+    server = ServerProcess(fake_spec("never"))
+    server.start()
+    try:
+        with pytest.raises(ServerLaunchError, match=r"not healthy after 1s \(last probe: HTTP 503\)") as info:
+            server.wait_healthy(timeout=1.0, poll_interval=0.1)
+        assert info.value.exit_code is None
+        assert server.alive
+    finally:
+        server.stop(grace_s=5)
+    assert not server.alive
+
+
+def test_stop_escalates_to_sigkill(fake_spec: Callable[..., LaunchSpec]) -> None:
+    server = ServerProcess(fake_spec("ignore-term"))
+    server.start()
+    server.wait_healthy(timeout=30)
+    assert server.stop(grace_s=0.5) == -signal.SIGKILL
+
+
+def test_stop_reaches_the_whole_process_group(fake_spec: Callable[..., LaunchSpec], tmp_path: Path) -> None:
+    pid_file = tmp_path / "child.pid"
+    server = ServerProcess(fake_spec("spawn-child", str(pid_file)))
+    server.start()
+    try:
+        server.wait_healthy(timeout=30)
+        child = int(pid_file.read_text())
+        assert not pid_gone(child)
+    finally:
+        server.stop(grace_s=5)
+    wait_for(lambda: pid_gone(child), 10, "the server's child to go")
+
+
+def test_wait_healthy_before_start_is_a_bug(fake_spec: Callable[..., LaunchSpec]) -> None:
+    with pytest.raises(RuntimeError, match="before start"):
+        ServerProcess(fake_spec()).wait_healthy(1)
+
+
+def test_read_log_tail(tmp_path: Path) -> None:
+    assert read_log_tail(tmp_path / "missing.log") == ""
+    log = tmp_path / "a.log"
+    log.write_bytes(b"".join(f"l{i}\n".encode() for i in range(10)) + b"\xff bad utf8\n")
+    assert read_log_tail(log, 2) == "l9\n\ufffd bad utf8"
+
+
+def test_popen_does_not_leak_the_log_file_descriptor(fake_spec: Callable[..., LaunchSpec]) -> None:
+    def open_on_log(path: str) -> list[str]:
+        fds = []
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                if os.readlink(f"/proc/self/fd/{fd}") == path:
+                    fds.append(fd)
+            except OSError:  # closed while we looked
+                pass
+        return fds
+
+    server = ServerProcess(fake_spec("ok"))
+    server.start()
+    try:
+        assert open_on_log(os.path.realpath(server.spec.log_path)) == []  # only the child holds it open
+    finally:
+        server.stop()
+
+
+# -- EngineActor's eviction hook (the plain class, no Ray) -------------------------------------------
+
+
+@pytest.fixture
+def restore_sigterm() -> Iterator[None]:
+    previous = signal.getsignal(signal.SIGTERM)
+    yield
+    signal.signal(signal.SIGTERM, previous)
+
+
+def test_actor_validates_backend_and_callback(restore_sigterm: None) -> None:
+    from relax.engines.actor import EngineActor
+
+    with pytest.raises(ValueError, match="unknown engine backend"):
+        EngineActor("engine_0", "vllm", "/m")
+    with pytest.raises(TypeError, match="on_eviction"):
+        EngineActor("engine_0", "builtin", "/m", on_eviction=("handle", 3))
+    actor = EngineActor("engine_0", "builtin", "/m")
+    assert actor.info() is None and actor.url() is None and actor.pid() is None
+    assert actor.is_alive() is False and actor.log_tail() == "" and actor.shutdown() is None
+    with pytest.raises(RuntimeError, match="start after shutdown"):
+        actor.start()
+
+
+@pytest.mark.parametrize("is_async", [False, True])
+def test_first_sigterm_notifies_and_keeps_serving(restore_sigterm: None, is_async: bool) -> None:
+    from relax.engines.actor import EngineActor
+
+    seen: list[str] = []
+
+    def notify(engine_id: str) -> None:
+        seen.append(engine_id)
+
+    async def notify_async(engine_id: str) -> None:
+        seen.append(engine_id)
+
+    actor = EngineActor("engine_5", "builtin", "/m", on_eviction=notify_async if is_async else notify)
+    assert signal.getsignal(signal.SIGTERM) == actor._on_sigterm
+    assert actor.evicted_at() is None
+    actor._on_sigterm(signal.SIGTERM, None)  # returns: no exit on the first notice
+    wait_for(lambda: seen == ["engine_5"], 10, "the eviction callback")
+    assert actor.evicted_at() is not None
+
+
+def test_sigterm_without_callback_chains_to_the_previous_handler(restore_sigterm: None) -> None:
+    from relax.engines.actor import EngineActor
+
+    chained: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: chained.append(signum))
+    actor = EngineActor("engine_6", "builtin", "/m")
+    actor._on_sigterm(signal.SIGTERM, None)
+    assert chained == [signal.SIGTERM]
+    assert actor.evicted_at() is not None
+
+
+# -- network helpers ----------------------------------------------------------------------------------
+
+
+def test_free_port_is_bindable() -> None:
+    import socket
+
+    port = free_port()
+    with socket.socket() as sock:
+        sock.bind((LOCALHOST, port))
+
+
+def test_node_ip_and_resolve_host() -> None:
+    import ray
+
+    expected = ray.util.get_node_ip_address() if ray.is_initialized() else LOCALHOST
+    assert node_ip() == expected
+    assert resolve_host("node") == expected
+    assert resolve_host("127.0.0.1") == "127.0.0.1"
