@@ -270,6 +270,42 @@ class EngineActor:
 
     # -- queries ----------------------------------------------------------------------------------
 
+    def sync_weights(self, version: int, bucket_refs: list[Any]) -> dict[str, Any]:
+        """Pull weight version `version` from the object store and load it into the server (DESIGN 7).
+
+        The buckets are written as safetensors under local shared memory on this node and loaded with
+        `/update_weights_from_disk`: one path for SGLang and the built-in engine, and an engine that
+        joins late simply pulls the latest version. Returns timings for the publication metrics.
+        """
+        import httpx
+
+        from relax.training.weights import cleanup_old, default_weights_root, materialize
+
+        if self._server is None or not self._server.alive:
+            raise RuntimeError(f"{self.engine_id}: cannot sync weights, the server is not running")
+        began = time.monotonic()
+        buckets = ray.get(list(bucket_refs))
+        pulled = time.monotonic()
+        root = default_weights_root(self.engine_id)
+        out_dir = materialize(buckets, self.model_path, root / f"v{version}")
+        written = time.monotonic()
+        response = httpx.post(
+            f"{self._server.url}/update_weights_from_disk",
+            json={"model_path": str(out_dir), "weight_version": str(version)},
+            timeout=600,
+            trust_env=False,
+        )
+        if response.status_code != 200:
+            raise RuntimeError(f"{self.engine_id}: update_weights_from_disk v{version} failed: "
+                               f"HTTP {response.status_code} {response.text[:300]}")
+        loaded = time.monotonic()
+        cleanup_old(root, keep=1)
+        self.weight_version = version
+        logger.info("%s: weights v%d loaded (pull %.2fs, write %.2fs, load %.2fs)", self.engine_id, version,
+                    pulled - began, written - pulled, loaded - written)
+        return {"engine_id": self.engine_id, "version": version, "pull_s": pulled - began,
+                "write_s": written - pulled, "load_s": loaded - written}
+
     def info(self) -> dict[str, Any] | None:
         """What ``start`` returned, or None before the engine is ready."""
         return None if self._info is None else dict(self._info)

@@ -1,0 +1,43 @@
+"""Connect the driver to Ray: an existing cluster (RAY_ADDRESS) or an embedded local one.
+
+The embedded cluster is sized from the plan: logical GPUs for the trainer, the initial engines and
+the elastic headroom, and the node-group marker resources when the plan asks for them, so the same
+plan that runs on a real cluster runs on a laptop (DESIGN 1, 11).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import ray
+
+from relax.config.plan import Plan
+
+log = logging.getLogger("relax.cluster")
+
+
+def connect(plan: Plan, *, runtime_env: dict | None = None) -> str:
+    """Initialise Ray for the driver; returns "cluster" or "embedded"."""
+    address = os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
+        log.info("connected to the Ray cluster at %s", address)
+        return "cluster"
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # MACHINE-NOTES: token auth hangs local drivers
+    gpus = plan.embedded_cluster_gpus
+    resources = {}
+    for marker in plan.marker_resources:  # e.g. stable_gpu / stable_cpu, with room for the control plane
+        resources[marker] = float(plan.baseline_gpus + 1)
+    ray.init(
+        address="local",
+        num_cpus=gpus + 2,
+        num_gpus=gpus,
+        resources=resources or None,
+        include_dashboard=False,
+        runtime_env=runtime_env,
+        log_to_driver=True,
+    )
+    log.info("started an embedded Ray cluster: %d logical GPUs, %d CPUs%s", gpus, gpus + 2,
+             f", markers {sorted(resources)}" if resources else "")
+    return "embedded"

@@ -1,0 +1,354 @@
+"""The driver: `python -m relax.entrypoints.train [flags]` — fully-asynchronous GRPO on Ray (DESIGN 2, 8).
+
+flags → plan → Ray (cluster or embedded) → placement groups → RolloutManager + trainer group →
+loop: take rollout step k from the buffer, train, publish weights k+1 → evaluation, checkpoints,
+metrics → clean shutdown. SIGTERM/SIGINT stop it between steps, with a checkpoint when `--save` is set.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from relax.config.flags import ConfigError, TrainArgs, fail, parse_args_or_exit
+from relax.config.plan import Plan, format_plan, plan_from_args, validate_paths, validate_plan_against_cluster
+
+log = logging.getLogger("relax.train")
+
+PARTITION_TIMEOUT_S = 1800.0
+
+
+def _check_model_dir(path: str | None) -> list[str]:
+    if not path:
+        return ["--hf-checkpoint is required (a Hugging Face model directory)"]
+    p = Path(path)
+    if p.is_dir() and not (p / "config.json").is_file():
+        return [f"--hf-checkpoint {path} has no config.json (is it a Hugging Face model directory?)"]
+    if p.is_dir() and not any(p.glob("*.safetensors")) and not any(p.glob("*.bin")):
+        return [f"--hf-checkpoint {path} holds no weights (*.safetensors)"]
+    return []
+
+
+def preflight(args: TrainArgs) -> None:
+    """Every check that needs no cluster, before anything starts (clear errors, exit 2)."""
+    problems = validate_paths(args) + _check_model_dir(args.hf_checkpoint)
+    if not args.prompt_data:
+        problems.append("--prompt-data is required (a JSONL file of prompts)")
+    if problems:
+        fail(ConfigError("; ".join(problems)))
+    from relax.data.dataset import DataError, load_prompt_data
+    from relax.data.rewards import RewardConfigError, get_reward_fn
+
+    try:  # malformed data files fail here, with the line number, not an hour into the run
+        load_prompt_data(args.prompt_data, args.input_key, args.label_key)
+        for _name, path in args.eval_prompt_data:
+            load_prompt_data(path, args.input_key, args.label_key)
+        get_reward_fn(args.rm_type.value if args.rm_type else "tiny", args.custom_rm_path)
+    except (DataError, RewardConfigError) as exc:
+        fail(ConfigError(str(exc)))
+
+
+@dataclass
+class _Stop:
+    requested: bool = False
+    signal_name: str = ""
+
+
+class Driver:
+    def __init__(self, args: TrainArgs, plan: Plan) -> None:
+        self.args = args
+        self.plan = plan
+        self.stop = _Stop()
+        self.run_dir = Path(args.output_dir)
+        self.groups: list[Any] = []
+        self.manager: Any = None
+        self.trainer: Any = None
+
+    # ------------------------------------------------------------------ setup
+    def _install_signals(self) -> None:
+        def handler(signum: int, _frame: Any) -> None:
+            if self.stop.requested:  # second signal: stop now
+                raise KeyboardInterrupt
+            self.stop.requested = True
+            self.stop.signal_name = signal.Signals(signum).name
+            log.warning("%s received: stopping after the current step", self.stop.signal_name)
+
+        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)
+
+    def _manager_config(self) -> Any:
+        from relax.rollout.generator import SamplingSettings
+        from relax.rollout.manager import ManagerConfig
+
+        a = self.args
+        sampling = SamplingSettings(
+            n_samples=a.n_samples_per_prompt,
+            max_new_tokens=a.rollout_max_response_len,
+            temperature=a.rollout_temperature,
+            top_p=a.rollout_top_p,
+            top_k=a.rollout_top_k,
+        )
+        eval_sampling = SamplingSettings(
+            n_samples=a.n_samples_per_eval_prompt,
+            max_new_tokens=a.eval_max_response_len or a.rollout_max_response_len,
+            temperature=a.eval_temperature if a.eval_temperature is not None else a.rollout_temperature,
+            top_p=a.eval_top_p if a.eval_top_p is not None else a.rollout_top_p,
+        )
+        return ManagerConfig(
+            model_path=str(Path(a.hf_checkpoint).resolve()),
+            prompt_data=str(Path(a.prompt_data).resolve()),
+            num_rollout=self.plan.num_rollout,
+            rollout_batch_size=a.rollout_batch_size,
+            sampling=sampling,
+            max_staleness=a.max_staleness,
+            input_key=a.input_key,
+            label_key=a.label_key,
+            apply_chat_template=a.apply_chat_template,
+            rollout_shuffle=a.rollout_shuffle,
+            rollout_seed=a.rollout_seed,
+            rm_type=a.rm_type.value if a.rm_type else None,
+            custom_rm_path=a.custom_rm_path,
+            scale_by_std=not a.disable_grpo_std_normalization,
+            eval_datasets=tuple((n, str(Path(p).resolve())) for n, p in a.eval_prompt_data),
+            eval_sampling=eval_sampling,
+            engine_log_dir=str((self.run_dir / "engines").resolve()),
+        )
+
+    def _start(self) -> int:
+        import ray
+
+        from relax.cluster.connect import connect
+        from relax.cluster.placement import create_groups
+        from relax.rollout.manager import RolloutManager
+        from relax.training.group import TrainerGroup
+
+        mode = connect(
+            self.plan,
+            runtime_env={
+                "env_vars": {
+                    "OMP_NUM_THREADS": "1",
+                    "TOKENIZERS_PARALLELISM": "false",
+                    "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", ""),
+                }
+            },
+        )
+        problems = validate_plan_against_cluster(self.plan, ray.cluster_resources())
+        if problems:
+            raise ConfigError("; ".join(problems))
+        named = [("relax-trainer", self.plan.trainer_bundles)]
+        named += [(f"relax-engine-{i}", b) for i, b in enumerate(self.plan.initial_engine_bundles)]
+        self.groups = create_groups(named)
+        log.info("cluster mode %s; placement groups ready: %s", mode, ", ".join(n for n, _ in named))
+
+        manager_cls = ray.remote(RolloutManager)
+        self.manager = manager_cls.options(
+            name=None, max_concurrency=10000, num_cpus=0, resources=self.plan.control_plane_options() or None
+        ).remote(self._manager_config())
+        self.trainer = TrainerGroup(self.args, self.groups[0], num_ranks=self.plan.trainer_gpus)
+        engine_bundles = [(g, 0) for g in self.groups[1:]]
+        engines = ray.get(self.manager.start_initial_engines.remote(engine_bundles))
+        log.info("%d initial engine(s) ACTIVE: %s", len(engines), ", ".join(e["engine_id"] for e in engines))
+        return 0
+
+    # ------------------------------------------------------------------ loop
+    def _publish(self, version: int) -> float:
+        import ray
+
+        from relax.training.weights import WeightManifest, make_buckets
+
+        began = time.monotonic()
+        state = self.trainer.full_state_dict()
+        buckets = make_buckets(state)
+        refs = [ray.put(b) for b in buckets]
+        manifest = WeightManifest.from_buckets(version, buckets)
+        self.manager.publish_weights.remote(version, refs, manifest)
+        return time.monotonic() - began
+
+    def run(self) -> int:
+        import ray
+
+        from relax.data.buffer import staleness_stats
+        from relax.data.sample import Sample
+        from relax.training.report import MetricsLog, plot, summarize
+
+        self._install_signals()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        metrics = MetricsLog(
+            self.run_dir, self.args.resolved_tensorboard_dir and Path(self.args.resolved_tensorboard_dir)
+        )
+        versions_log = (self.run_dir / "sample_versions.jsonl").open("a", encoding="utf-8")
+        began = time.monotonic()
+        try:
+            self._start()
+            start_step, cursor = self._maybe_resume()
+            if start_step > 0:
+                self._publish(start_step)
+            if self.args.eval_prompt_data and not self.args.skip_eval_before_train and start_step == 0:
+                self._evaluate(metrics, start_step)
+            ray.get(self.manager.start_generation.remote(start_step, cursor))
+            total = self.plan.num_rollout
+            for step in range(start_step, total):
+                if self.stop.requested:
+                    break
+                wait_began = time.monotonic()
+                part = self._get_partition(step)
+                waited = time.monotonic() - wait_began
+                samples = [Sample.from_dict(d) for d in part["samples"]]
+                trainer_version = step  # the trainer holds version k while it trains on step k
+                stale = staleness_stats(samples, trainer_version)
+                versions_log.write(
+                    __import__("json").dumps(
+                        {
+                            "step": step,
+                            "trainer_version": trainer_version,
+                            "sample_versions": [s.weight_version for s in samples],
+                        }
+                    )
+                    + "\n"
+                )
+                versions_log.flush()
+                train_began = time.monotonic()
+                train_metrics = self.trainer.train_step(part["samples"])
+                trained = time.monotonic() - train_began
+                publish_s = self._publish(step + 1)
+                status = ray.get(self.manager.status.remote())
+                step_time = time.monotonic() - wait_began
+                row = {
+                    **part["metrics"],
+                    **{f"train/{k}": v for k, v in train_metrics.items()},
+                    **stale.to_metrics(),
+                    "time/step_s": step_time,
+                    "time/trainer_wait_s": waited,
+                    "time/train_s": trained,
+                    "time/publish_s": publish_s,
+                    "time/trainer_wait_fraction": waited / step_time if step_time else 0.0,
+                    "engines/active": status["active_engines"],
+                    "engines/weight_version": status["engine_weight_version"],
+                    "rollout/staleness_blocked_fraction": status["staleness_blocked_fraction"],
+                }
+                metrics.log(step + 1, row)
+                log.info(
+                    "training step %d/%d: reward %.3f, response len %.1f, staleness max %s, loss %.4f (%.1fs)",
+                    step + 1,
+                    total,
+                    row.get("rollout/reward_mean", float("nan")),
+                    row.get("rollout/response_len_mean", float("nan")),
+                    row.get("staleness/max"),
+                    train_metrics.get("loss", float("nan")),
+                    step_time,
+                )
+                done = step + 1
+                if self.args.eval_interval and done % self.args.eval_interval == 0 and self.args.eval_prompt_data:
+                    self._evaluate(metrics, done)
+                if self.args.save and self.args.save_interval and done % self.args.save_interval == 0:
+                    self._save(done, part["cursor_end"])
+                if self.stop.requested and self.args.save:
+                    self._save(done, part["cursor_end"])
+            summary = summarize(metrics.rows, time.monotonic() - began)
+            self._finish(summary, metrics, plot)
+            return 0
+        finally:
+            versions_log.close()
+            metrics.close()
+            self._shutdown()
+
+    def _get_partition(self, step: int) -> dict[str, Any]:
+        import ray
+
+        ref = self.manager.get_partition.remote(step, PARTITION_TIMEOUT_S)
+        while True:  # poll so a SIGTERM is honoured while the trainer waits for data
+            ready, _ = ray.wait([ref], timeout=1.0)
+            if ready:
+                return ray.get(ref)
+            if self.stop.requested:
+                raise KeyboardInterrupt
+
+    def _evaluate(self, metrics: Any, step: int) -> None:
+        import ray
+
+        began = time.monotonic()
+        result = ray.get(self.manager.evaluate.remote())
+        result["time/eval_s"] = time.monotonic() - began
+        metrics.log(step, {f"eval/{k}" if not k.startswith("eval") else k: v for k, v in result.items()})
+        log.info(
+            "evaluation at step %d: %s",
+            step,
+            ", ".join(f"{k}={v:.3f}" for k, v in sorted(result.items()) if isinstance(v, float)),
+        )
+
+    def _maybe_resume(self) -> tuple[int, dict[str, int] | None]:
+        if not self.args.load:
+            return 0, None
+        extra = self.trainer.load(self.args.load)
+        step = int(extra["step"])
+        log.info("resumed from %s at step %d (data position %s)", self.args.load, step, extra.get("cursor"))
+        return step, extra.get("cursor")
+
+    def _save(self, step: int, cursor: dict[str, int] | None) -> None:
+        path = Path(self.args.save) / f"step_{step:06d}"
+        self.trainer.save(str(path), {"step": step, "cursor": cursor})
+        latest = Path(self.args.save) / "latest"
+        latest.write_text(path.name + "\n")
+        log.info("checkpoint saved: %s", path)
+
+    def _finish(self, summary: dict[str, Any], metrics: Any, plot_fn: Any) -> None:
+        import json
+
+        out = self.run_dir / "summary.json"
+        out.write_text(json.dumps(summary, indent=2) + "\n")
+        png = plot_fn(metrics.rows, self.run_dir / "training.png") if metrics.rows else None
+        log.info("summary: %s", json.dumps(summary))
+        print(
+            f"\nRelax run finished: {summary['training_steps']} training steps, reward "
+            f"{summary['reward_first5_mean']} (first 5) → {summary['reward_last5_mean']} (last 5), "
+            f"mean staleness {summary['staleness_mean']:.2f}"
+        )
+        print(f"metrics: {metrics.path}\nsummary: {out}\nplot:    {png}")
+
+    def _shutdown(self) -> None:
+        import ray
+
+        from relax.cluster.placement import remove_groups
+
+        if self.manager is not None:
+            try:
+                ray.get(self.manager.shutdown.remote(), timeout=60)
+            except Exception as exc:
+                log.warning("rollout manager shutdown: %s", exc)
+            ray.kill(self.manager, no_restart=True)
+        if self.trainer is not None:
+            self.trainer.shutdown()
+        remove_groups(self.groups)
+        if ray.is_initialized():
+            ray.shutdown()
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = parse_args_or_exit(argv)
+    try:
+        plan = plan_from_args(args, os.environ)
+    except ConfigError as exc:
+        fail(exc)
+    if args.dry_run:
+        print(format_plan(plan))
+        return 0
+    preflight(args)
+    driver = Driver(args, plan)
+    try:
+        return driver.run()
+    except ConfigError as exc:
+        fail(exc)
+    except KeyboardInterrupt:
+        log.warning("stopped by %s", driver.stop.signal_name or "interrupt")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""The event history behind ``GET /rollout/events`` (DESIGN 4).
+
+Every scale action, engine state change, eviction and failure is appended here, so that an operator can
+answer "what happened to engine_7 at 03:12?" without grepping logs across nodes. The log is bounded
+(oldest events are dropped first) and pure: the clock is injected and nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+Clock = Callable[[], float]
+
+__all__ = ["Event", "EventKind", "EventLog"]
+
+
+class EventKind(str, Enum):
+    SCALE_OUT_REQUESTED = "scale_out_requested"
+    SCALE_IN_REQUESTED = "scale_in_requested"
+    SCALE_COMPLETED = "scale_completed"
+    SCALE_FAILED = "scale_failed"
+    SCALE_CANCELLED = "scale_cancelled"
+    ENGINE_STATE = "engine_state"  # a lifecycle transition (DESIGN 3.4)
+    ENGINE_FAILED = "engine_failed"
+    ENGINE_EVICTED = "engine_evicted"
+    ENGINE_RESTARTED = "engine_restarted"  # an initial engine replaced in its own bundle
+    REQUESTS_RETRIED = "requests_retried"  # in-flight requests moved off a failing/draining engine
+    WEIGHTS_PUBLISHED = "weights_published"
+    AUTOSCALER_DECISION = "autoscaler_decision"
+
+
+@dataclass(frozen=True)
+class Event:
+    """One entry; ``seq`` increases by one per append and is never reused, so pollers can resume."""
+
+    seq: int
+    kind: EventKind
+    timestamp: float
+    message: str = ""
+    engine_ids: tuple[str, ...] = ()
+    request_id: str | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "seq": self.seq,
+            "kind": self.kind.value,
+            "timestamp": self.timestamp,
+            "message": self.message,
+            "engine_ids": list(self.engine_ids),
+            "request_id": self.request_id,
+            "details": dict(self.details),
+        }
+
+
+class EventLog:
+    """A bounded, append-only event history, newest answers first."""
+
+    def __init__(self, clock: Clock = time.time, capacity: int = 1000) -> None:
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+            raise ValueError(f"capacity must be an integer >= 1, got {capacity!r}")
+        self._clock = clock
+        self._events: deque[Event] = deque(maxlen=capacity)
+        self._next_seq = 0
+
+    @property
+    def capacity(self) -> int:
+        return self._events.maxlen or 0
+
+    @property
+    def total(self) -> int:
+        """Events ever appended, dropped ones included."""
+        return self._next_seq
+
+    @property
+    def dropped(self) -> int:
+        return self._next_seq - len(self._events)
+
+    def __len__(self) -> int:
+        return len(self._events)
+
+    def append(
+        self,
+        kind: EventKind,
+        message: str = "",
+        *,
+        engine_ids: Iterable[str] = (),
+        request_id: str | None = None,
+        details: dict[str, Any] | None = None,
+    ) -> Event:
+        if isinstance(engine_ids, str):  # one id passed bare would otherwise become its characters
+            engine_ids = (engine_ids,)
+        event = Event(
+            seq=self._next_seq,
+            kind=EventKind(kind),
+            timestamp=self._clock(),
+            message=message,
+            engine_ids=tuple(engine_ids),
+            request_id=request_id,
+            details=dict(details or {}),
+        )
+        self._next_seq += 1
+        self._events.append(event)
+        return event
+
+    def newest(
+        self,
+        limit: int | None = None,
+        kind: EventKind | str | None = None,
+        *,
+        engine_id: str | None = None,
+    ) -> list[Event]:
+        """Up to ``limit`` events (all when ``None``), newest first, optionally of one kind / one engine."""
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+            raise ValueError(f"limit must be an integer >= 0, got {limit!r}")
+        wanted = None if kind is None else EventKind(kind)
+        out: list[Event] = []
+        for event in reversed(self._events):
+            if limit is not None and len(out) >= limit:
+                break
+            if wanted is not None and event.kind is not wanted:
+                continue
+            if engine_id is not None and engine_id not in event.engine_ids:
+                continue
+            out.append(event)
+        return out
+
+    def since(self, seq: int) -> list[Event]:
+        """Events with ``seq`` greater than ``seq``, oldest first (for a monitor that polls incrementally)."""
+        return [e for e in self._events if e.seq > seq]
+
+    def to_dict(
+        self, limit: int | None = None, kind: EventKind | str | None = None, *, engine_id: str | None = None
+    ) -> dict[str, Any]:
+        """The ``GET /rollout/events`` body."""
+        events = self.newest(limit, kind, engine_id=engine_id)
+        return {"events": [e.to_dict() for e in events], "total": self.total, "dropped": self.dropped}

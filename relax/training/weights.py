@@ -1,0 +1,332 @@
+"""Weight publication pieces (DESIGN 7): buckets, manifests, the version registry and on-disk copies.
+
+The path of one version: trainer rank 0 gathers the full state dict, ``make_buckets`` cuts it into
+pieces of about ``bucket_bytes`` (so no single object-store object is huge and pulls can stream), the
+buckets go into Ray's object store, and the ``WeightRegistry`` (inside the RolloutManager) records
+``version -> (bucket refs, manifest)``. Each engine pulls the buckets of a version, ``materialize``
+writes them as an HF-loadable directory in node-local shared memory, and the engine's server loads it
+with ``/update_weights_from_disk``. One path for SGLang and the built-in engine, and a joining engine
+simply pulls the latest version.
+
+Everything here is pure Python + torch + safetensors: no Ray import, so it is unit-tested without a
+cluster; the registry stores whatever "refs" it is given (Ray ``ObjectRef`` objects in production).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = [
+    "DEFAULT_BUCKET_BYTES",
+    "MODEL_FILES",
+    "PublishedWeights",
+    "WEIGHTS_FILE",
+    "WeightManifest",
+    "WeightRegistry",
+    "atomic_dir",
+    "cleanup_old",
+    "copy_model_files",
+    "default_weights_root",
+    "make_buckets",
+    "materialize",
+    "merge_buckets",
+    "version_dir",
+    "write_safetensors",
+]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_BUCKET_BYTES = 64 * 1024 * 1024
+WEIGHTS_FILE = "model.safetensors"
+#: The non-weight files an engine needs next to the weights to reload them.
+MODEL_FILES = ("config.json", "generation_config.json")
+_VERSION_DIR = re.compile(r"^v(\d+)$")
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+# --------------------------------------------------------------------------------------------------
+# Buckets and manifests
+
+
+def make_buckets(
+    state_dict: Mapping[str, torch.Tensor], bucket_bytes: int = DEFAULT_BUCKET_BYTES
+) -> list[dict[str, torch.Tensor]]:
+    """Cut a state dict into consecutive buckets of at most ``bucket_bytes`` each (order kept).
+
+    A tensor larger than the limit gets a bucket of its own rather than being split: engines load whole
+    tensors, and a 1 GiB embedding in one object is still fine for the object store. An empty state dict
+    gives no buckets.
+    """
+    if bucket_bytes <= 0:
+        raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
+    buckets: list[dict[str, torch.Tensor]] = []
+    current: dict[str, torch.Tensor] = {}
+    size = 0
+    for name, tensor in state_dict.items():
+        n = _nbytes(tensor)
+        if current and size + n > bucket_bytes:
+            buckets.append(current)
+            current, size = {}, 0
+        current[name] = tensor
+        size += n
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+def merge_buckets(buckets: Iterable[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Buckets back into one state dict; a name in two buckets is a publication bug, so it raises."""
+    merged: dict[str, torch.Tensor] = {}
+    for bucket in buckets:
+        for name, tensor in bucket.items():
+            if name in merged:
+                raise ValueError(f"tensor {name!r} appears in more than one bucket")
+            merged[name] = tensor
+    return merged
+
+
+@dataclass(frozen=True)
+class WeightManifest:
+    """What one published version contains, so a receiver can check it got everything.
+
+    ``bucket_sizes`` is the number of tensors in each bucket, in order: with ``names`` it says which
+    bucket holds which tensor without shipping the tensors.
+    """
+
+    version: int
+    names: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    dtypes: tuple[str, ...]
+    total_bytes: int
+    bucket_sizes: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.version < 0:
+            raise ValueError(f"version must be >= 0, got {self.version}")
+        if not len(self.names) == len(self.shapes) == len(self.dtypes):
+            raise ValueError("names, shapes and dtypes must have the same length")
+        if len(set(self.names)) != len(self.names):
+            raise ValueError("manifest names must be unique")
+        if self.bucket_sizes and sum(self.bucket_sizes) != len(self.names):
+            raise ValueError(f"bucket_sizes sum to {sum(self.bucket_sizes)}, expected {len(self.names)}")
+
+    @classmethod
+    def from_buckets(cls, version: int, buckets: Sequence[Mapping[str, torch.Tensor]]) -> WeightManifest:
+        names: list[str] = []
+        shapes: list[tuple[int, ...]] = []
+        dtypes: list[str] = []
+        total = 0
+        for bucket in buckets:
+            for name, t in bucket.items():
+                names.append(name)
+                shapes.append(tuple(t.shape))
+                dtypes.append(str(t.dtype).removeprefix("torch."))
+                total += _nbytes(t)
+        return cls(version, tuple(names), tuple(shapes), tuple(dtypes), total, tuple(len(b) for b in buckets))
+
+    @property
+    def num_tensors(self) -> int:
+        return len(self.names)
+
+    def verify(self, buckets: Sequence[Mapping[str, torch.Tensor]]) -> None:
+        """Raise ``ValueError`` unless ``buckets`` hold exactly the manifest's tensors (names, shapes, dtypes)."""
+        got = WeightManifest.from_buckets(self.version, buckets)
+        expected = dict(zip(self.names, zip(self.shapes, self.dtypes, strict=True), strict=True))
+        actual = dict(zip(got.names, zip(got.shapes, got.dtypes, strict=True), strict=True))
+        missing = sorted(set(expected) - set(actual))
+        extra = sorted(set(actual) - set(expected))
+        if missing or extra:
+            raise ValueError(f"version {self.version}: missing tensors {missing[:3]}, unexpected {extra[:3]}")
+        wrong = [n for n in expected if expected[n] != actual[n]]
+        if wrong:
+            n = wrong[0]
+            raise ValueError(f"version {self.version}: tensor {n!r} is {actual[n]}, manifest says {expected[n]}")
+
+
+# --------------------------------------------------------------------------------------------------
+# Registry
+
+
+@dataclass(frozen=True)
+class PublishedWeights:
+    """One version as the registry holds it: object refs of its buckets and its manifest."""
+
+    version: int
+    bucket_refs: tuple[Any, ...]
+    manifest: WeightManifest
+    published_at: float = field(compare=False)
+
+
+class WeightRegistry:
+    """Versions the trainer published, newest last; keeps only the last ``keep`` versions.
+
+    Dropping a version drops the registry's refs to its buckets, which lets Ray free the bytes once no
+    engine is still pulling them (an engine mid-pull holds its own refs). Versions must strictly
+    increase: a publication that goes backwards means two trainers or a replayed step, and silently
+    accepting it would let engines load older weights under a newer number. Thread-safe, because the
+    RolloutManager may serve HTTP and the trainer's publication concurrently.
+    """
+
+    def __init__(self, keep: int = 2, *, clock: Callable[[], float] = time.time) -> None:
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1, got {keep}")
+        self._keep = keep
+        self._clock = clock
+        self._versions: dict[int, PublishedWeights] = {}
+        self._lock = threading.Lock()
+
+    def publish(self, version: int, bucket_refs: Sequence[Any], manifest: WeightManifest) -> PublishedWeights:
+        if manifest.version != version:
+            raise ValueError(f"manifest is for version {manifest.version}, published as {version}")
+        if manifest.bucket_sizes and len(manifest.bucket_sizes) != len(bucket_refs):
+            raise ValueError(f"{len(bucket_refs)} bucket refs for a manifest of {len(manifest.bucket_sizes)} buckets")
+        with self._lock:
+            latest = max(self._versions, default=None)
+            if latest is not None and version <= latest:
+                raise ValueError(f"weight versions must strictly increase: got {version} after {latest}")
+            entry = PublishedWeights(version, tuple(bucket_refs), manifest, self._clock())
+            self._versions[version] = entry
+            for old in sorted(self._versions)[: -self._keep]:
+                del self._versions[old]
+        logger.info("weights: published version %d (%d tensors, %d buckets, %.1f MiB)", version,
+                    manifest.num_tensors, len(bucket_refs), manifest.total_bytes / 2**20)
+        return entry
+
+    def latest(self) -> PublishedWeights | None:
+        with self._lock:
+            return self._versions[max(self._versions)] if self._versions else None
+
+    @property
+    def latest_version(self) -> int | None:
+        entry = self.latest()
+        return None if entry is None else entry.version
+
+    def get(self, version: int) -> PublishedWeights:
+        with self._lock:
+            try:
+                return self._versions[version]
+            except KeyError:
+                raise KeyError(f"weight version {version} is not held (held: {sorted(self._versions)})") from None
+
+    def versions(self) -> list[int]:
+        with self._lock:
+            return sorted(self._versions)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._versions)
+
+
+# --------------------------------------------------------------------------------------------------
+# On disk
+
+
+def atomic_dir(out_dir: str | Path, fill: Callable[[Path], None]) -> Path:
+    """Create ``out_dir`` by filling a temporary sibling and renaming it into place.
+
+    Readers (an engine's loader, a resuming trainer) never see a half-written directory: the rename is
+    atomic on one filesystem. An existing ``out_dir`` is replaced (re-pulling a version, or re-saving a
+    checkpoint after a crash); on failure the temporary directory is removed and nothing changes.
+    """
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".tmp-{out.name}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        fill(tmp)
+        if out.exists():
+            trash = out.parent / f".old-{out.name}-{uuid.uuid4().hex[:8]}"
+            out.rename(trash)
+            tmp.rename(out)
+            shutil.rmtree(trash, ignore_errors=True)
+        else:
+            tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def write_safetensors(state_dict: Mapping[str, torch.Tensor], path: str | Path) -> None:
+    """``save_pretrained``-compatible safetensors (contiguous CPU tensors, ``format=pt`` metadata)."""
+    from safetensors.torch import save_file
+
+    tensors = {name: t.detach().to("cpu").contiguous() for name, t in state_dict.items()}
+    save_file(tensors, str(path), metadata={"format": "pt"})
+
+
+def copy_model_files(src_dir: str | Path, dst_dir: str | Path, names: Iterable[str] = MODEL_FILES) -> list[str]:
+    """Copy the named files that exist in ``src_dir``; ``config.json`` is required (engines need it)."""
+    src, dst = Path(src_dir), Path(dst_dir)
+    copied = []
+    for name in names:
+        if (src / name).is_file():
+            shutil.copy2(src / name, dst / name)
+            copied.append(name)
+    if "config.json" in names and "config.json" not in copied:
+        raise FileNotFoundError(f"{src} has no config.json")
+    return copied
+
+
+def materialize(
+    buckets: Sequence[Mapping[str, torch.Tensor]], config_dir: str | Path, out_dir: str | Path
+) -> Path:
+    """Write one version as a directory an engine can load with ``/update_weights_from_disk``.
+
+    ``model.safetensors`` holds every tensor of every bucket; ``config.json`` and
+    ``generation_config.json`` come from ``config_dir`` (the run's HF checkpoint). Atomic (``atomic_dir``).
+    """
+    state = merge_buckets(buckets)
+
+    def fill(tmp: Path) -> None:
+        write_safetensors(state, tmp / WEIGHTS_FILE)
+        copy_model_files(config_dir, tmp)
+
+    return atomic_dir(out_dir, fill)
+
+
+def default_weights_root(engine_id: str) -> Path:
+    """``/dev/shm/relax-weights/<engine_id>`` (RAM-backed: loading costs no disk I/O), else a tmp dir."""
+    shm = Path("/dev/shm")
+    base = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+    return base / "relax-weights" / engine_id
+
+
+def version_dir(root: str | Path, version: int) -> Path:
+    return Path(root) / f"v{int(version)}"
+
+
+def cleanup_old(root: str | Path, keep: int) -> list[Path]:
+    """Remove all but the ``keep`` highest ``v<N>`` directories under ``root``; returns what was removed.
+
+    Shared memory is RAM: an engine that kept every version would eat the node's memory in a few dozen
+    steps. Other entries (temporary directories of a write in progress) are left alone.
+    """
+    if keep < 0:
+        raise ValueError(f"keep must be >= 0, got {keep}")
+    base = Path(root)
+    if not base.is_dir():
+        return []
+    versions = sorted(
+        ((int(m.group(1)), p) for p in base.iterdir() if p.is_dir() and (m := _VERSION_DIR.match(p.name))),
+    )
+    doomed = [p for _, p in versions[: max(0, len(versions) - keep)]]
+    for p in doomed:
+        shutil.rmtree(p, ignore_errors=True)
+    return doomed
