@@ -45,10 +45,15 @@ def preflight(args: TrainArgs) -> None:
     from relax.data.dataset import DataError, load_prompt_data
     from relax.data.rewards import RewardConfigError, get_reward_fn
 
+    tokenizer = None
+    if args.apply_chat_template:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(args.hf_checkpoint)
     try:  # malformed data files fail here, with the line number, not an hour into the run
-        load_prompt_data(args.prompt_data, args.input_key, args.label_key)
-        for _name, path in args.eval_prompt_data:
-            load_prompt_data(path, args.input_key, args.label_key)
+        for path in [args.prompt_data, *(p for _name, p in args.eval_prompt_data)]:
+            load_prompt_data(path, args.input_key, args.label_key, tokenizer=tokenizer,
+                             apply_chat_template=args.apply_chat_template)
         get_reward_fn(args.rm_type.value if args.rm_type else "tiny", args.custom_rm_path)
     except (DataError, RewardConfigError) as exc:
         fail(ConfigError(str(exc)))
