@@ -50,6 +50,7 @@ from relax.engines.launcher import (
     builtin_spec,
 )
 from relax.engines.sglang import SGLangOptions, sglang_spec
+from relax.logs import setup_logging
 
 logger = logging.getLogger(__name__)
 
@@ -143,7 +144,7 @@ class EngineActor:
             raise ValueError(f"unknown engine backend {backend!r}; expected one of {', '.join(BACKENDS)}")
         if on_eviction is not None and not _valid_callback(on_eviction):
             raise TypeError("on_eviction must be a callable or an (actor_handle, method_name) pair")
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        setup_logging()
         self.engine_id = engine_id
         self.backend = backend
         self.model_path = str(model_path)

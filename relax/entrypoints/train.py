@@ -18,6 +18,7 @@ from typing import Any
 
 from relax.config.flags import ConfigError, TrainArgs, fail, parse_args_or_exit
 from relax.config.plan import Plan, format_plan, plan_from_args, validate_paths, validate_plan_against_cluster
+from relax.logs import setup_logging
 
 log = logging.getLogger("relax.train")
 
@@ -52,8 +53,9 @@ def preflight(args: TrainArgs) -> None:
         tokenizer = AutoTokenizer.from_pretrained(args.hf_checkpoint)
     try:  # malformed data files fail here, with the line number, not an hour into the run
         for path in [args.prompt_data, *(p for _name, p in args.eval_prompt_data)]:
-            load_prompt_data(path, args.input_key, args.label_key, tokenizer=tokenizer,
-                             apply_chat_template=args.apply_chat_template)
+            load_prompt_data(
+                path, args.input_key, args.label_key, tokenizer=tokenizer, apply_chat_template=args.apply_chat_template
+            )
         get_reward_fn(args.rm_type.value if args.rm_type else "tiny", args.custom_rm_path)
     except (DataError, RewardConfigError) as exc:
         fail(ConfigError(str(exc)))
@@ -131,6 +133,7 @@ class Driver:
         from relax.cluster.connect import connect
         from relax.cluster.placement import create_groups
         from relax.rollout.manager import RolloutManager
+        from relax.training.actor import TrainerConfig
         from relax.training.group import TrainerGroup
 
         mode = connect(
@@ -155,7 +158,10 @@ class Driver:
         self.manager = manager_cls.options(
             name=None, max_concurrency=10000, num_cpus=0, resources=self.plan.control_plane_options() or None
         ).remote(self._manager_config())
-        self.trainer = TrainerGroup(self.args, self.groups[0], num_ranks=self.plan.trainer_gpus)
+        self.trainer = TrainerGroup(
+            TrainerConfig.from_args(self.args, hf_checkpoint=str(Path(self.args.hf_checkpoint).resolve())),
+            self.groups[0],
+        )
         engine_bundles = [(g, 0) for g in self.groups[1:]]
         engines = ray.get(self.manager.start_initial_engines.remote(engine_bundles))
         log.info("%d initial engine(s) ACTIVE: %s", len(engines), ", ".join(e["engine_id"] for e in engines))
@@ -335,7 +341,7 @@ class Driver:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging()
     args = parse_args_or_exit(argv)
     try:
         plan = plan_from_args(args, os.environ)

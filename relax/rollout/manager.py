@@ -25,6 +25,7 @@ from relax.data.sample import PromptGroup
 from relax.data.staleness import StalenessGate
 from relax.engines.client import EngineClient, EngineError, EngineUnavailable
 from relax.engines.launcher import BuiltinOptions
+from relax.logs import setup_logging
 from relax.rollout.events import EventKind, EventLog
 from relax.rollout.generator import Generation, SamplingSettings, generate_group
 from relax.rollout.pool import EngineKind, EnginePool, EngineState
@@ -76,7 +77,7 @@ class RolloutManager:
     def __init__(self, config: ManagerConfig) -> None:
         from transformers import AutoTokenizer
 
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        setup_logging()
         self.cfg = config
         self.tokenizer = AutoTokenizer.from_pretrained(config.model_path)
         self.dataset = load_prompt_data(

@@ -1,0 +1,701 @@
+"""One trainer rank: an FSDP2-sharded HF causal LM that computes GRPO updates (DESIGN 2, 8).
+
+``TrainerActor`` is a plain class; ``relax.training.group.TrainerGroup`` wraps it with ``ray.remote`` and
+runs N of them as one ``torch.distributed`` job (gloo on CPU, NCCL on GPUs). Every public method except
+``node_ip``/``free_port`` is a *collective*: all ranks must call it, with the same number of
+micro-batches, or FSDP's all-gathers hang. The group guarantees that; ranks with fewer samples than
+others run zero-loss dummy passes to keep the collectives in step.
+
+How a global batch becomes one optimizer step with the same gradient whatever the split:
+
+* the group computes the *global* denominator of the loss (loss tokens for token-mean, samples with
+  loss tokens for sample-mean) and every micro-batch divides its partial sum by it, so the partial
+  losses of all micro-batches on all ranks add up to the loss of the whole batch;
+* FSDP2 averages gradients over ranks (reduce-scatter with AVG; gloo has no PREMUL_SUM, so
+  ``set_gradient_divide_factor`` is not an option), hence each rank scales its loss by the world size;
+* gradients accumulate over micro-batches (sharded: FSDP reduces after every backward, which keeps
+  memory at 1/N of the model instead of holding unsharded gradients across micro-batches).
+
+``old_log_probs`` are the detached current log-probs: one optimizer step per global batch means the
+policy that the PPO ratio compares against *is* the current one, so the ratio is exactly 1 and the clip
+only matters for its metrics; the gap that matters, engine vs trainer, is what TIS corrects.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import random
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import torch
+
+from relax.logs import setup_logging
+from relax.training.grpo import (
+    LossAggregation,
+    PolicyLossConfig,
+    entropy_from_logits,
+    policy_loss,
+    token_log_probs,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from relax.config.flags import TrainArgs
+
+__all__ = [
+    "MicroBatch",
+    "TrainerActor",
+    "TrainerConfig",
+    "collate",
+    "loss_denominator",
+    "num_micro_batches",
+    "split_evenly",
+]
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+#: Metrics that are partial sums (their sum over micro-batches and ranks is the global value).
+SUM_METRICS = frozenset({"loss", "pg_loss", "num_tokens", "num_samples"})
+
+
+# --------------------------------------------------------------------------------------------------
+# Configuration
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    """What a trainer rank needs from the flags, as a small picklable record (no argparse objects)."""
+
+    hf_checkpoint: str
+    lr: float = 1e-6
+    weight_decay: float = 0.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+    clip_grad: float = 1.0  # <= 0: no clipping (the norm is still reported)
+    eps_clip: float = 0.2
+    eps_clip_high: float | None = 0.28
+    use_tis: bool = False
+    tis_clip: float = 2.0
+    kl_loss_coef: float = 0.0
+    entropy_coef: float = 0.0
+    calculate_per_token_loss: bool = False
+    rollout_temperature: float = 1.0
+    seed: int = 1234
+    micro_batch_size: int | None = None  # samples per forward/backward on one rank; None = all at once
+    gradient_checkpointing: bool = False
+    dist_timeout_s: float = 600.0  # torch.distributed collective timeout
+
+    def __post_init__(self) -> None:
+        if self.micro_batch_size is not None and self.micro_batch_size < 1:
+            raise ValueError(f"micro_batch_size must be >= 1, got {self.micro_batch_size}")
+        if self.rollout_temperature <= 0:
+            raise ValueError(f"rollout_temperature must be > 0, got {self.rollout_temperature}")
+        self.loss_config()  # validates the clip / TIS settings early, on the driver
+
+    @classmethod
+    def from_args(cls, args: TrainArgs, **overrides: Any) -> TrainerConfig:
+        """Take the same-named fields of ``TrainArgs``; ``overrides`` win (e.g. a resolved checkpoint path)."""
+        names = {f.name for f in fields(cls)}
+        values = {n: getattr(args, n) for n in names if hasattr(args, n)}
+        values.update(overrides)
+        if not values.get("hf_checkpoint"):
+            raise ValueError("TrainerConfig needs hf_checkpoint")
+        return cls(**values)
+
+    @property
+    def aggregation(self) -> LossAggregation:
+        return LossAggregation.TOKEN_MEAN if self.calculate_per_token_loss else LossAggregation.SAMPLE_MEAN
+
+    def loss_config(self, aggregation: LossAggregation | None = None) -> PolicyLossConfig:
+        return PolicyLossConfig(
+            eps_clip=self.eps_clip,
+            eps_clip_high=self.eps_clip_high,
+            use_tis=self.use_tis,
+            tis_clip=self.tis_clip,
+            kl_coef=self.kl_loss_coef,
+            entropy_coef=self.entropy_coef,
+            aggregation=aggregation or self.aggregation,
+        )
+
+
+# --------------------------------------------------------------------------------------------------
+# Batching (pure)
+
+
+def split_evenly(items: Sequence[T], n: int) -> list[list[T]]:
+    """``n`` contiguous chunks whose sizes differ by at most one (the first ones are longer)."""
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    q, r = divmod(len(items), n)
+    out, start = [], 0
+    for i in range(n):
+        end = start + q + (1 if i < r else 0)
+        out.append(list(items[start:end]))
+        start = end
+    return out
+
+
+def _num_loss_tokens(sample: Mapping[str, Any]) -> int:
+    mask = sample.get("loss_mask")
+    return len(sample["response_token_ids"]) if mask is None else int(sum(mask))
+
+
+def loss_denominator(samples: Sequence[Mapping[str, Any]], aggregation: LossAggregation) -> float:
+    """The count the whole batch's loss is divided by: what ``grpo.aggregate`` would use on one big batch."""
+    if aggregation is LossAggregation.TOKEN_MEAN:
+        count = sum(_num_loss_tokens(s) for s in samples)
+    else:
+        count = sum(1 for s in samples if _num_loss_tokens(s) > 0)
+    return float(max(count, 1))
+
+
+def num_micro_batches(shard_sizes: Sequence[int], micro_batch_size: int | None) -> int:
+    """Micro-batches every rank runs: enough for the largest shard (all ranks must run the same number)."""
+    largest = max(shard_sizes, default=0)
+    if micro_batch_size is None or largest == 0:
+        return 1
+    return math.ceil(largest / micro_batch_size)
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """Padded tensors of a few samples, response-aligned.
+
+    ``input_ids`` are prompt+response, right-padded to ``L``. The model computes logits only for the last
+    ``logits_to_keep`` positions (from the earliest position that predicts a response token), and
+    ``logit_index[i, t]`` is the kept position whose logits predict response token ``t`` of sample ``i``.
+    Per-token tensors are ``[B, T]`` with ``T`` the longest response (at least 1).
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    logits_to_keep: int
+    logit_index: torch.Tensor
+    targets: torch.Tensor
+    loss_mask: torch.Tensor
+    advantages: torch.Tensor
+    rollout_log_probs: torch.Tensor | None
+    response_lengths: tuple[int, ...]
+
+    @property
+    def num_loss_tokens(self) -> int:
+        return int(self.loss_mask.sum())
+
+
+def collate(
+    samples: Sequence[Mapping[str, Any]], pad_token_id: int, device: torch.device | str = "cpu",
+    *, need_advantages: bool = True, need_rollout_log_probs: bool = False,
+) -> MicroBatch:
+    """``Sample.to_dict()`` records -> one ``MicroBatch``.
+
+    Rollout log-probs are kept only if every sample has them (they may be absent when the engine did
+    not report them); ``need_rollout_log_probs`` (TIS) makes their absence an error.
+    """
+    if not samples:
+        raise ValueError("cannot collate an empty micro-batch")
+    prompts = [list(s["prompt_token_ids"]) for s in samples]
+    responses = [list(s["response_token_ids"]) for s in samples]
+    for s, p in zip(samples, prompts, strict=True):
+        if not p:
+            raise ValueError(f"sample {s.get('group_id')}/{s.get('sample_index')} has an empty prompt")
+    lengths = [len(p) + len(r) for p, r in zip(prompts, responses, strict=True)]
+    seq_len = max(lengths)
+    width = max(1, max(len(r) for r in responses))
+    start = min(len(p) for p in prompts) - 1  # first kept logit position
+    b = len(samples)
+
+    input_ids = torch.full((b, seq_len), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((b, seq_len), dtype=torch.long)
+    logit_index = torch.zeros((b, width), dtype=torch.long)
+    targets = torch.zeros((b, width), dtype=torch.long)
+    loss_mask = torch.zeros((b, width), dtype=torch.float32)
+    rollout = torch.zeros((b, width), dtype=torch.float32)
+    have_rollout = all(len(s.get("rollout_log_probs") or ()) == len(r) for s, r in zip(samples, responses,
+                                                                                       strict=True))
+    for i, (s, p, r) in enumerate(zip(samples, prompts, responses, strict=True)):
+        n = len(r)
+        input_ids[i, : len(p) + n] = torch.tensor(p + r, dtype=torch.long)
+        attention_mask[i, : len(p) + n] = 1
+        if n == 0:
+            continue
+        logit_index[i, :n] = torch.arange(len(p) - 1, len(p) - 1 + n) - start
+        targets[i, :n] = torch.tensor(r, dtype=torch.long)
+        mask = s.get("loss_mask")
+        loss_mask[i, :n] = torch.tensor([1.0] * n if mask is None else [float(m) for m in mask])
+        if have_rollout:
+            rollout[i, :n] = torch.tensor([float(x) for x in s["rollout_log_probs"]])
+
+    if need_rollout_log_probs and not have_rollout:
+        raise ValueError("use_tis needs rollout_log_probs for every response token of every sample")
+    if need_advantages:
+        missing = [f"{s.get('group_id')}/{s.get('sample_index')}" for s in samples if s.get("advantage") is None]
+        if missing:
+            raise ValueError(f"samples without an advantage: {missing[:3]}")
+        advantages = torch.tensor([float(s["advantage"]) for s in samples], dtype=torch.float32)
+    else:
+        advantages = torch.zeros(b, dtype=torch.float32)
+    dev = torch.device(device)
+    return MicroBatch(
+        input_ids=input_ids.to(dev),
+        attention_mask=attention_mask.to(dev),
+        logits_to_keep=seq_len - start,
+        logit_index=logit_index.to(dev),
+        targets=targets.to(dev),
+        loss_mask=loss_mask.to(dev),
+        advantages=advantages.to(dev),
+        rollout_log_probs=rollout.to(dev) if have_rollout else None,
+        response_lengths=tuple(len(r) for r in responses),
+    )
+
+
+class _MetricSum:
+    """Sums partial-sum metrics and token-weights mean metrics over a rank's micro-batches."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = {}
+        self.weighted: dict[str, float] = {}
+        self.tokens = 0
+
+    def add(self, metrics: Mapping[str, float], tokens: int) -> None:
+        self.tokens += tokens
+        for k, v in metrics.items():
+            if k in SUM_METRICS:
+                self.sums[k] = self.sums.get(k, 0.0) + v
+            else:
+                self.weighted[k] = self.weighted.get(k, 0.0) + v * tokens
+
+    def result(self) -> dict[str, float]:
+        out = dict(self.sums)
+        out.update({k: v / max(self.tokens, 1) for k, v in self.weighted.items()})
+        return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Model helpers
+
+
+def _hf_save_keys(model: torch.nn.Module) -> list[str]:
+    """State-dict keys ``save_pretrained`` would write (tied aliases and ignored keys dropped).
+
+    Computed once on the unsharded model, with transformers' own rule when it is available, so a
+    published version loads with strict keys wherever the original checkpoint loads.
+    """
+    state = dict(model.state_dict())
+    for key in getattr(model, "_keys_to_ignore_on_save", None) or ():
+        state.pop(key, None)
+    try:
+        from transformers.modeling_utils import remove_tied_weights_from_state_dict
+
+        return list(remove_tied_weights_from_state_dict(state, model).keys())
+    except ImportError:  # pragma: no cover - older/newer transformers: keep the first name of each storage
+        seen: set[int] = set()
+        keys = []
+        for name, t in state.items():
+            if t.data_ptr() not in seen:
+                seen.add(t.data_ptr())
+                keys.append(name)
+        return keys
+
+
+def _revert_weight_conversion(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Checkpoint names for models whose in-memory layout differs (transformers 5 fuses some MoE weights)."""
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:  # pragma: no cover
+        return state
+    return dict(revert_weight_conversion(model, state))
+
+
+def _shard_units(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The decoder layers: the modules HF declares unsplittable (``_no_split_modules``)."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    units = [m for m in model.modules() if type(m).__name__ in names and m is not model]
+    if units:
+        return units
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    return list(layers) if layers is not None else []
+
+
+def _quiet_transformers() -> None:
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+    except ImportError:  # pragma: no cover
+        pass
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        import numpy as np
+
+        np.random.seed(seed % 2**32)
+    except ImportError:  # pragma: no cover
+        pass
+
+
+# --------------------------------------------------------------------------------------------------
+# The actor
+
+
+class TrainerActor:
+    """Rank ``r`` of ``N``: owns one FSDP2 shard of the policy (and of the reference, when KL is on)."""
+
+    def __init__(self) -> None:
+        self.rank = -1
+        self.world_size = 0
+        self.config: TrainerConfig | None = None
+        self.model: Any = None
+        self.ref_model: Any = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.device = torch.device("cpu")
+        self.pad_token_id = 0
+        self.step = 0  # optimizer steps taken (restored by load_checkpoint)
+        self._hf_keys: list[str] = []
+
+    # ---- placement helpers (not collective)
+
+    def node_ip(self) -> str:
+        from relax.cluster.network import node_ip
+
+        return node_ip()
+
+    def free_port(self) -> int:
+        from relax.cluster.network import free_port
+
+        return free_port(self.node_ip())
+
+    # ---- lifecycle
+
+    def init(self, rank: int, world_size: int, master_addr: str, master_port: int, config: TrainerConfig) -> dict:
+        """Join the process group, load and shard the model, build AdamW. Returns a short description."""
+        import torch.distributed as dist
+        from transformers import AutoModelForCausalLM
+
+        t0 = time.perf_counter()
+        torch.set_num_threads(1)
+        _quiet_transformers()
+        if not logging.getLogger().handlers:
+            setup_logging()
+        self.rank, self.world_size, self.config = rank, world_size, config
+        os.environ.update(MASTER_ADDR=str(master_addr), MASTER_PORT=str(master_port),
+                          RANK=str(rank), WORLD_SIZE=str(world_size))
+        if torch.cuda.is_available():
+            torch.cuda.set_device(0)  # Ray gives each rank one visible GPU
+            self.device, backend = torch.device("cuda", 0), "nccl"
+        else:
+            self.device, backend = torch.device("cpu"), "gloo"
+        dist.init_process_group(backend, rank=rank, world_size=world_size,
+                                timeout=timedelta(seconds=config.dist_timeout_s))
+        _seed_everything(config.seed)
+
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh(self.device.type, (world_size,))
+        model = AutoModelForCausalLM.from_pretrained(config.hf_checkpoint, dtype=torch.float32)
+        self._hf_keys = _hf_save_keys(model)
+        pad = getattr(model.config, "pad_token_id", None)
+        if pad is None:
+            pad = getattr(model.config, "eos_token_id", None)
+        self.pad_token_id = int(pad[0] if isinstance(pad, list) else pad) if pad is not None else 0
+        if config.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+        self.model = self._shard(model.to(self.device), mesh)
+        self.model.train()
+        if config.kl_loss_coef > 0:
+            ref = AutoModelForCausalLM.from_pretrained(config.hf_checkpoint, dtype=torch.float32)
+            ref.requires_grad_(False)
+            self.ref_model = self._shard(ref.to(self.device), mesh).eval()
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=config.lr, betas=(config.adam_beta1, config.adam_beta2),
+            eps=config.adam_eps, weight_decay=config.weight_decay,
+        )
+        num_params = sum(p.numel() for p in model.parameters())
+        elapsed = time.perf_counter() - t0
+        logger.info("trainer rank %d/%d: ready on %s (%s), %d params, reference=%s, %.1fs", rank, world_size,
+                    self.device, backend, num_params, self.ref_model is not None, elapsed)
+        return {"rank": rank, "device": str(self.device), "backend": backend, "num_params": num_params,
+                "init_s": elapsed}
+
+    @staticmethod
+    def _shard(model: torch.nn.Module, mesh: Any) -> Any:
+        from torch.distributed.fsdp import fully_shard
+
+        for unit in _shard_units(model):
+            fully_shard(unit, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        return model
+
+    def shutdown(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        logger.info("trainer rank %d/%d: shut down", self.rank, self.world_size)
+
+    # ---- forward passes
+
+    def _cfg(self) -> TrainerConfig:
+        if self.config is None or self.model is None:
+            raise RuntimeError("trainer rank is not initialised; call init() first")
+        return self.config
+
+    def _response_logits(self, model: Any, mb: MicroBatch) -> torch.Tensor:
+        """Logits that predict each response token: ``[B, T, V]``."""
+        out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
+                    logits_to_keep=mb.logits_to_keep, use_cache=False)
+        logits = out.logits
+        index = mb.logit_index.unsqueeze(-1).expand(-1, -1, logits.shape[-1])
+        return logits.gather(1, index)
+
+    def _dummy_forward(self, model: Any) -> torch.Tensor:
+        """A one-token pass that keeps FSDP's collectives in step on a rank with no samples left."""
+        ids = torch.full((1, 1), self.pad_token_id, dtype=torch.long, device=self.device)
+        return model(input_ids=ids, logits_to_keep=1, use_cache=False).logits
+
+    def _micro_batches(self, samples: Sequence[Mapping[str, Any]], n: int | None) -> list[list[Mapping]]:
+        if n is None:
+            n = num_micro_batches([len(samples)], self._cfg().micro_batch_size)
+        return split_evenly(list(samples), n)
+
+    # ---- training
+
+    def train_step(
+        self,
+        samples: Sequence[Mapping[str, Any]],
+        global_denominator: float,
+        *,
+        num_micro_batches: int | None = None,
+        aggregation: LossAggregation | str | None = None,
+    ) -> dict[str, float]:
+        """One optimizer step on this rank's shard of a global batch (collective).
+
+        ``global_denominator``: ``loss_denominator(all samples of the global batch, aggregation)``.
+        ``num_micro_batches``: the same on every rank (``num_micro_batches(shard sizes, mbs)``); defaults to
+        what this rank's shard needs, which is only safe with one rank.
+        ``aggregation`` overrides the configured one (token-mean vs sample-mean) for this step.
+
+        Metrics are rank-local: ``loss``, ``pg_loss``, ``num_tokens``, ``num_samples`` are this rank's
+        partial sums (their sum over ranks is the global value), the others are means over this rank's
+        loss tokens, ``grad_norm`` is the global norm before clipping (the same on every rank).
+        """
+        cfg = self._cfg()
+        t0 = time.perf_counter()
+        agg = LossAggregation(aggregation) if aggregation is not None else None
+        loss_cfg = cfg.loss_config(agg)
+        if global_denominator <= 0:
+            raise ValueError(f"global_denominator must be > 0, got {global_denominator}")
+        self.model.train()
+        acc = _MetricSum()
+        for chunk in self._micro_batches(samples, num_micro_batches):
+            if chunk:
+                metrics, tokens = self._train_micro_batch(chunk, loss_cfg, global_denominator)
+                acc.add(metrics, tokens)
+            else:
+                self._dummy_backward()
+        grad_norm, skipped = self._clip_and_step()
+        self.step += 1
+        out = acc.result()
+        out.update(grad_norm=grad_norm, skipped=float(skipped), num_tokens=float(acc.tokens),
+                   num_samples=float(len(samples)), step=float(self.step), step_time_s=time.perf_counter() - t0)
+        logger.info("trainer rank %d/%d: step %d, %d samples, %d tokens, loss %.5f, grad_norm %.4f, %.3fs%s",
+                    self.rank, self.world_size, self.step, len(samples), acc.tokens, out.get("loss", 0.0),
+                    grad_norm, out["step_time_s"], " (skipped: non-finite grad norm)" if skipped else "")
+        return out
+
+    def _train_micro_batch(
+        self, chunk: Sequence[Mapping[str, Any]], loss_cfg: PolicyLossConfig, denominator: float
+    ) -> tuple[dict[str, float], int]:
+        cfg = self._cfg()
+        mb = collate(chunk, self.pad_token_id, self.device, need_rollout_log_probs=loss_cfg.use_tis)
+        logits = self._response_logits(self.model, mb)
+        log_probs = token_log_probs(logits, mb.targets, cfg.rollout_temperature)
+        if loss_cfg.entropy_coef:
+            entropy = entropy_from_logits(logits, cfg.rollout_temperature)
+        else:
+            with torch.no_grad():
+                entropy = entropy_from_logits(logits.detach(), cfg.rollout_temperature)
+        ref_log_probs = None
+        if loss_cfg.kl_coef:
+            with torch.no_grad():
+                ref_logits = self._response_logits(self.ref_model, mb)
+                ref_log_probs = token_log_probs(ref_logits, mb.targets, cfg.rollout_temperature)
+        loss, metrics = policy_loss(
+            log_probs, log_probs.detach(), mb.advantages, mb.loss_mask, loss_cfg,
+            rollout_log_probs=mb.rollout_log_probs, ref_log_probs=ref_log_probs, entropy=entropy,
+            denominator=denominator,
+        )
+        # FSDP averages gradients over ranks; the loss is already a share of the global mean.
+        (loss * self.world_size).backward()
+        return metrics, mb.num_loss_tokens
+
+    def _dummy_backward(self) -> None:
+        """Mirror ``_train_micro_batch``'s collectives in the same order: policy forward, reference
+        forward, policy backward (another order pairs one rank's all-gather with another's and aborts)."""
+        logits = self._dummy_forward(self.model)
+        if self.ref_model is not None:
+            with torch.no_grad():
+                self._dummy_forward(self.ref_model)
+        (logits.sum() * 0.0).backward()
+
+    def _clip_and_step(self) -> tuple[float, bool]:
+        """Clip to ``clip_grad`` (global norm over the DTensor shards) and step; skip non-finite updates."""
+        cfg = self._cfg()
+        assert self.optimizer is not None
+        max_norm = cfg.clip_grad if cfg.clip_grad > 0 else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        grad_norm = float(norm)
+        skipped = not math.isfinite(grad_norm)
+        if not skipped:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return grad_norm, skipped
+
+    # ---- inference
+
+    @torch.no_grad()
+    def compute_log_probs(
+        self, samples: Sequence[Mapping[str, Any]], *, num_micro_batches: int | None = None
+    ) -> list[list[float]]:
+        """Per-token log-probs of each response (at the rollout temperature), without gradient (collective)."""
+        cfg = self._cfg()
+        out: list[list[float]] = []
+        for chunk in self._micro_batches(samples, num_micro_batches):
+            if not chunk:
+                self._dummy_forward(self.model)
+                continue
+            mb = collate(chunk, self.pad_token_id, self.device, need_advantages=False)
+            lp = token_log_probs(self._response_logits(self.model, mb), mb.targets, cfg.rollout_temperature)
+            lp = lp.float().cpu()
+            out.extend(lp[i, :n].tolist() for i, n in enumerate(mb.response_lengths))
+        return out
+
+    # ---- weights and checkpoints
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """Gather the full weights (collective): rank 0 gets CPU float32 tensors with HF names, others None."""
+        from torch.distributed.tensor import DTensor
+
+        self._cfg()
+        t0 = time.perf_counter()
+        state = self.model.state_dict()
+        out: dict[str, torch.Tensor] = {}
+        for name in self._hf_keys:
+            tensor = state[name]
+            full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor.detach().clone()
+            if self.rank == 0:
+                out[name] = full.detach().to("cpu", torch.float32)
+            del full
+        if self.rank != 0:
+            return None
+        out = _revert_weight_conversion(self.model, out)
+        logger.info("trainer rank %d/%d: gathered %d tensors (%.1f MiB) in %.3fs", self.rank, self.world_size,
+                    len(out), sum(t.numel() * 4 for t in out.values()) / 2**20, time.perf_counter() - t0)
+        return out
+
+    def _rank0_outcome(self, error: str | None) -> None:
+        """Share rank 0's success or error with every rank, so no rank waits on a failed rank 0."""
+        import torch.distributed as dist
+
+        box = [error]
+        dist.broadcast_object_list(box, src=0)
+        if box[0] is not None:
+            raise RuntimeError(f"rank 0: {box[0]}")
+
+    def save_checkpoint(self, ckpt_dir: str, extra: dict | None = None) -> str:
+        """Write a checkpoint (collective; rank 0 writes). See ``relax.training.checkpoint`` for the layout."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        from relax.training.checkpoint import TrainerCheckpoint, write_checkpoint
+
+        cfg = self._cfg()
+        t0 = time.perf_counter()
+        weights = self.full_state_dict()
+        optim = get_optimizer_state_dict(self.model, self.optimizer,
+                                         options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        error = None
+        if self.rank == 0:
+            try:
+                assert weights is not None
+                write_checkpoint(ckpt_dir, model_state=weights, optimizer_state=optim, hf_dir=cfg.hf_checkpoint,
+                                 state=TrainerCheckpoint(self.step, self.world_size, dict(extra or {})))
+            except Exception as exc:  # noqa: BLE001 - reported to every rank below
+                error = f"saving {ckpt_dir} failed: {type(exc).__name__}: {exc}"
+        self._rank0_outcome(error)
+        logger.info("trainer rank %d/%d: saved checkpoint %s (step %d) in %.2fs", self.rank, self.world_size,
+                    ckpt_dir, self.step, time.perf_counter() - t0)
+        return str(ckpt_dir)
+
+    def load_checkpoint(self, ckpt_dir: str) -> dict:
+        """Restore weights, optimizer moments and the step counter from ``ckpt_dir`` (collective).
+
+        Rank 0 reads the files and the state is broadcast, so the saving world size does not matter.
+        Hyper-parameters (lr, betas, eps, weight decay) come from this run's config, not the checkpoint:
+        a resumed run may change them on purpose. Returns the ``extra`` dict given to ``save_checkpoint``.
+        """
+        import torch.distributed as dist
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        from relax.training.checkpoint import read_optimizer_state, read_trainer_state
+
+        self._cfg()
+        t0 = time.perf_counter()
+        weights: dict[str, torch.Tensor] = {}
+        optim: dict[str, Any] = {}
+        state = None
+        error = None
+        if self.rank == 0:
+            try:
+                from transformers import AutoModelForCausalLM
+
+                state = read_trainer_state(ckpt_dir)
+                # from_pretrained applies the checkpoint->memory name conversions and re-ties aliases.
+                loaded = AutoModelForCausalLM.from_pretrained(ckpt_dir, dtype=torch.float32)
+                weights = dict(loaded.state_dict())
+                optim = read_optimizer_state(ckpt_dir)
+            except Exception as exc:  # noqa: BLE001 - reported to every rank below
+                error = f"loading {ckpt_dir} failed: {type(exc).__name__}: {exc}"
+        self._rank0_outcome(error)
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+        set_model_state_dict(self.model, weights, options=options)
+        set_optimizer_state_dict(self.model, self.optimizer, optim, options=options)
+        self._apply_hyperparameters()
+        box = [state]
+        dist.broadcast_object_list(box, src=0)
+        state = box[0]
+        assert state is not None
+        self.step = state.step
+        logger.info("trainer rank %d/%d: loaded checkpoint %s (step %d, saved by %d ranks) in %.2fs", self.rank,
+                    self.world_size, ckpt_dir, self.step, state.world_size, time.perf_counter() - t0)
+        return state.extra
+
+    def _apply_hyperparameters(self) -> None:
+        cfg = self._cfg()
+        assert self.optimizer is not None
+        for group in self.optimizer.param_groups:
+            group.update(lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
+                         weight_decay=cfg.weight_decay)
+
+    # ---- introspection (tests, debugging)
+
+    def info(self) -> dict[str, Any]:
+        return {"rank": self.rank, "world_size": self.world_size, "step": self.step, "device": str(self.device),
+                "pid": os.getpid(), "reference": self.ref_model is not None}
+
