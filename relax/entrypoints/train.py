@@ -219,6 +219,7 @@ class Driver:
                             "step": step,
                             "trainer_version": trainer_version,
                             "sample_versions": [s.weight_version for s in samples],
+                            "prompt_indices": sorted({s.prompt_index for s in samples}),
                         }
                     )
                     + "\n"
@@ -261,7 +262,7 @@ class Driver:
                     self._save(done, part["cursor_end"])
                 if self.stop.requested and self.args.save:
                     self._save(done, part["cursor_end"])
-            summary = summarize(metrics.rows, time.monotonic() - began)
+            summary = summarize(metrics.train_rows, time.monotonic() - began)
             self._finish(summary, metrics, plot)
             return 0
         finally:
@@ -285,8 +286,9 @@ class Driver:
 
         began = time.monotonic()
         result = ray.get(self.manager.evaluate.remote())
-        result["time/eval_s"] = time.monotonic() - began
-        metrics.log(step, {f"eval/{k}" if not k.startswith("eval") else k: v for k, v in result.items()})
+        row = {k if k.startswith("eval/") else f"eval/{k}": v for k, v in result.items()}
+        row["time/eval_s"] = time.monotonic() - began
+        metrics.log(step, row, kind="eval")
         log.info(
             "evaluation at step %d: %s",
             step,
@@ -313,12 +315,13 @@ class Driver:
 
         out = self.run_dir / "summary.json"
         out.write_text(json.dumps(summary, indent=2) + "\n")
-        png = plot_fn(metrics.rows, self.run_dir / "training.png") if metrics.rows else None
+        png = plot_fn(metrics.train_rows, self.run_dir / "training.png") if metrics.rows else None
         log.info("summary: %s", json.dumps(summary))
         print(
-            f"\nRelax run finished: {summary['training_steps']} training steps, reward "
-            f"{summary['reward_first5_mean']} (first 5) → {summary['reward_last5_mean']} (last 5), "
-            f"mean staleness {summary['staleness_mean']:.2f}"
+            f"\nRelax run finished: {summary['training_steps']} training steps, mean reward "
+            f"{_fmt(summary['reward_first5_mean'])} (first 5 steps) -> {_fmt(summary['reward_last5_mean'])} "
+            f"(last 5 steps), mean staleness {_fmt(summary['staleness_mean'])}, "
+            f"{_fmt(summary['samples_per_second'])} samples/s"
         )
         print(f"metrics: {metrics.path}\nsummary: {out}\nplot:    {png}")
 
@@ -338,6 +341,10 @@ class Driver:
         remove_groups(self.groups)
         if ray.is_initialized():
             ray.shutdown()
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -51,6 +51,7 @@ __all__ = [
     "MicroBatch",
     "TrainerActor",
     "TrainerConfig",
+    "check_samples",
     "collate",
     "loss_denominator",
     "num_micro_batches",
@@ -154,6 +155,29 @@ def loss_denominator(samples: Sequence[Mapping[str, Any]], aggregation: LossAggr
     else:
         count = sum(1 for s in samples if _num_loss_tokens(s) > 0)
     return float(max(count, 1))
+
+
+def check_samples(samples: Sequence[Mapping[str, Any]], *, need_advantages: bool = True,
+                  need_rollout_log_probs: bool = False) -> None:
+    """Raise ``ValueError`` for a sample the trainer cannot use, *before* it reaches the ranks.
+
+    A rank that rejects its shard mid-step leaves the other ranks waiting in a collective, which breaks
+    the group; the driver checks the whole batch first so bad input costs an exception, not the group.
+    """
+    for s in samples:
+        who = f"sample {s.get('group_id')}/{s.get('sample_index')}"
+        n = len(s["response_token_ids"])
+        if not s["prompt_token_ids"]:
+            raise ValueError(f"{who} has an empty prompt")
+        if need_advantages and s.get("advantage") is None:
+            raise ValueError(f"{who} has no advantage")
+        mask = s.get("loss_mask")
+        if mask is not None and len(mask) != n:
+            raise ValueError(f"{who}: loss_mask has {len(mask)} entries for {n} response tokens")
+        rollout = s.get("rollout_log_probs") or ()
+        if (need_rollout_log_probs or rollout) and len(rollout) != n:
+            raise ValueError(f"{who}: {len(rollout)} rollout log-probs for {n} response tokens"
+                             + (" (use_tis needs them)" if need_rollout_log_probs else ""))
 
 
 def num_micro_batches(shard_sizes: Sequence[int], micro_batch_size: int | None) -> int:

@@ -24,6 +24,7 @@ from relax.training.actor import (
     SUM_METRICS,
     TrainerActor,
     TrainerConfig,
+    check_samples,
     loss_denominator,
     num_micro_batches,
     split_evenly,
@@ -204,6 +205,7 @@ class TrainerGroup:
         dicts = [_as_dict(s) for s in samples]
         if not dicts:
             raise ValueError("train_step needs at least one sample")
+        check_samples(dicts, need_rollout_log_probs=self.config.use_tis)
         agg = LossAggregation(aggregation) if aggregation is not None else self.config.aggregation
         denominator = loss_denominator(dicts, agg)
         shards = split_evenly(dicts, self.world_size)
@@ -220,6 +222,7 @@ class TrainerGroup:
     def compute_log_probs(self, samples: Sequence[Any]) -> list[list[float]]:
         """Trainer log-probs of each response token (rollout temperature), in the order of ``samples``."""
         dicts = [_as_dict(s) for s in samples]
+        check_samples(dicts, need_advantages=False)
         shards = split_evenly(dicts, self.world_size)
         n_mb = num_micro_batches([len(s) for s in shards], self.config.micro_batch_size)
         per_rank = self._call_sharded("compute_log_probs", shards, num_micro_batches=n_mb)

@@ -22,15 +22,19 @@ class MetricsLog:
 
             self._tb = SummaryWriter(str(tensorboard_dir))
 
-    def log(self, step: int, metrics: dict[str, Any]) -> None:
-        row = {"step": step, **metrics}
+    def log(self, step: int, metrics: dict[str, Any], kind: str = "train") -> None:
+        row = {"step": step, "kind": kind, **metrics}
         self.rows.append(row)
         self._file.write(json.dumps(row) + "\n")
         self._file.flush()
         if self._tb is not None:
             for key, value in metrics.items():
-                if isinstance(value, int | float) and math.isfinite(float(value)):
+                if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(float(value)):
                     self._tb.add_scalar(key, float(value), step)
+
+    @property
+    def train_rows(self) -> list[dict[str, Any]]:
+        return [r for r in self.rows if r["kind"] == "train"]
 
     def close(self) -> None:
         self._file.close()
