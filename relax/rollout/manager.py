@@ -398,6 +398,10 @@ class RolloutManager:
             self.pool.set_in_flight(r.engine_id, self.router.in_flight(r.engine_id))
         return [r.to_dict() for r in self.pool.records()]
 
+    async def engine_process(self, engine_id: str) -> dict[str, Any]:
+        """The EngineActor's launch info (url, node, server pid) for operators and tests."""
+        return await self._actors[engine_id].info.remote()
+
     async def engine_urls(self) -> dict[str, str]:
         return {r.engine_id: r.url for r in self.pool.active() if r.url}
 

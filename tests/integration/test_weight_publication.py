@@ -1,0 +1,102 @@
+"""Weights are right: after publication v every ACTIVE engine serves v, and its log-probs equal the trainer's.
+
+Real Ray: a RolloutManager with two built-in engines in their own placement groups, a one-rank trainer
+group, one rollout step, one training step, one publication through the object store.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import httpx
+import pytest
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+
+from relax.rollout.generator import SamplingSettings
+from relax.rollout.manager import ManagerConfig, RolloutManager
+from relax.training.actor import TrainerConfig
+from relax.training.group import TrainerGroup
+from relax.training.weights import WeightManifest, make_buckets
+
+
+@pytest.fixture(scope="module")
+def stack(ray_cluster, tiny_preset):
+    bundle = {"GPU": 1, "CPU": 1}
+    groups = [placement_group([bundle], strategy="PACK") for _ in range(3)]
+    ray.get([g.ready() for g in groups], timeout=60)
+    config = ManagerConfig(
+        model_path=str(tiny_preset.model_dir), prompt_data=str(tiny_preset.train_path), num_rollout=1,
+        rollout_batch_size=4, sampling=SamplingSettings(n_samples=4, max_new_tokens=8), max_staleness=0,
+        apply_chat_template=True, rm_type="tiny",
+    )
+    manager = ray.remote(RolloutManager).options(max_concurrency=1000, num_cpus=0).remote(config)
+    trainer = None
+    try:
+        ray.get(manager.start_initial_engines.remote([(groups[1], 0), (groups[2], 0)]), timeout=180)
+        trainer = TrainerGroup(TrainerConfig(hf_checkpoint=str(tiny_preset.model_dir), lr=5e-3), groups[0])
+        yield manager, trainer
+    finally:
+        ray.get(manager.shutdown.remote(), timeout=60)
+        ray.kill(manager)
+        if trainer is not None:
+            trainer.shutdown()
+        for g in groups:
+            remove_placement_group(g)
+
+
+def _generate(url: str, prompt_ids: list[int]) -> dict:
+    r = httpx.post(f"{url}/generate", json={"input_ids": prompt_ids, "return_logprob": True,
+                                            "sampling_params": {"max_new_tokens": 8, "temperature": 1.0}},
+                   timeout=60, trust_env=False)
+    r.raise_for_status()
+    return r.json()
+
+
+def test_published_version_is_served_by_every_engine_with_the_trainers_log_probs(stack) -> None:
+    manager, trainer = stack
+    ray.get(manager.start_generation.remote(0, None))
+    part = ray.get(manager.get_partition.remote(0, 120), timeout=150)
+    assert {s["weight_version"] for s in part["samples"]} == {0}
+    metrics = trainer.train_step(part["samples"])
+    assert metrics["num_samples"] == 16
+
+    state = trainer.full_state_dict()
+    buckets = make_buckets(state)
+    refs = [ray.put(b) for b in buckets]
+    ray.get(manager.publish_weights.remote(1, refs, WeightManifest.from_buckets(1, buckets)))
+    assert ray.get(manager.wait_weights.remote(1, 60), timeout=90)
+
+    engines = ray.get(manager.engines.remote())
+    active = [e for e in engines if e["status"] == "ACTIVE"]
+    assert len(active) == 2 and all(e["weight_version"] == 1 for e in active)
+
+    prompt_ids = part["samples"][0]["prompt_token_ids"]
+    for engine in active:
+        version = httpx.get(f"{engine['url']}/get_weight_version", timeout=10, trust_env=False).json()
+        assert version == {"weight_version": "1"}
+        out = _generate(engine["url"], prompt_ids)
+        assert out["meta_info"]["weight_version"] == "1"
+        engine_lps = [lp for lp, _tok, _ in out["meta_info"]["output_token_logprobs"]]
+        sample = {"prompt_token_ids": prompt_ids, "response_token_ids": out["output_ids"], "group_id": "probe",
+                  "sample_index": 0}
+        trainer_lps = trainer.compute_log_probs([sample])[0]
+        assert max(abs(a - b) for a, b in zip(engine_lps, trainer_lps, strict=True)) < 1e-4
+
+
+def test_requests_survive_an_engine_dying(stack) -> None:
+    """A request whose engine dies is retried on another engine: nothing is lost, the dead one is FAILED."""
+    manager, _ = stack
+    engines = [e for e in ray.get(manager.engines.remote()) if e["status"] == "ACTIVE"]
+    victim = engines[0]["engine_id"]
+    pid = ray.get(manager.engine_process.remote(victim))["pid"]
+    os.kill(pid, signal.SIGKILL)
+    params = {"max_new_tokens": 4, "temperature": 1.0}
+    refs = [manager.generate.remote(f"g{i}", [1, 2, 3], params) for i in range(8)]
+    outs = ray.get(refs, timeout=120)
+    assert len(outs) == 8 and all(o.output["meta_info"]["completion_tokens"] > 0 for o in outs)
+    states = {e["engine_id"]: e["status"] for e in ray.get(manager.engines.remote())}
+    assert states[victim] == "FAILED"
+    events = ray.get(manager.recent_events.remote(20))
+    assert any(e["kind"] == "engine_failed" and victim in e["engine_ids"] for e in events)
