@@ -7,27 +7,19 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from relax.demo import tiny_train_argv
 
 pytestmark = pytest.mark.e2e
 
 
 def train(preset, out: Path, *extra: str, num_rollout: int, staleness: int, timeout: float = 480):
-    argv = [
-        sys.executable, "-m", "relax.entrypoints.train", "--fully-async",
-        "--resource", '{"actor": [1, 2], "rollout": [1, 2]}', "--rollout-num-gpus-per-engine", "1",
-        "--hf-checkpoint", str(preset.model_dir), "--prompt-data", str(preset.train_path),
-        "--input-key", "prompt", "--label-key", "label", "--apply-chat-template", "--rollout-shuffle",
-        "--rm-type", "tiny", "--num-rollout", str(num_rollout), "--rollout-batch-size", "8",
-        "--n-samples-per-prompt", "8", "--rollout-max-response-len", "16", "--rollout-temperature", "1.0",
-        "--global-batch-size", "64", "--lr", "1e-3", "--adam-beta2", "0.98", "--use-tis",
-        "--calculate-per-token-loss", "--max-staleness", str(staleness), "--output-dir", str(out), *extra,
-    ]
+    argv = tiny_train_argv(preset, out, num_rollout=num_rollout, max_staleness=staleness, extra=extra)
     result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-    (out / "driver.log").parent.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     (out / "driver.log").write_text(result.stdout + result.stderr)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     return result
