@@ -7,6 +7,7 @@ metrics → clean shutdown. SIGTERM/SIGINT stop it between steps, with a checkpo
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -59,6 +60,10 @@ def preflight(args: TrainArgs) -> None:
         get_reward_fn(args.rm_type.value if args.rm_type else "tiny", args.custom_rm_path)
     except (DataError, RewardConfigError) as exc:
         fail(ConfigError(str(exc)))
+
+
+class _StopRequested(Exception):
+    """SIGTERM/SIGINT arrived while the trainer waited for data."""
 
 
 @dataclass
@@ -146,6 +151,7 @@ class Driver:
                 }
             },
         )
+        self._install_signals()  # after ray.init: Ray's core worker installs its own SIGTERM handler
         problems = validate_plan_against_cluster(self.plan, ray.cluster_resources())
         if problems:
             raise ConfigError("; ".join(problems))
@@ -184,11 +190,8 @@ class Driver:
     def run(self) -> int:
         import ray
 
-        from relax.data.buffer import staleness_stats
-        from relax.data.sample import Sample
         from relax.training.report import MetricsLog, plot, summarize
 
-        self._install_signals()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         metrics = MetricsLog(
             self.run_dir, self.args.resolved_tensorboard_dir and Path(self.args.resolved_tensorboard_dir)
@@ -204,64 +207,26 @@ class Driver:
                 self._evaluate(metrics, start_step)
             ray.get(self.manager.start_generation.remote(start_step, cursor))
             total = self.plan.num_rollout
-            for step in range(start_step, total):
-                if self.stop.requested:
-                    break
-                wait_began = time.monotonic()
-                part = self._get_partition(step)
-                waited = time.monotonic() - wait_began
-                samples = [Sample.from_dict(d) for d in part["samples"]]
-                trainer_version = step  # the trainer holds version k while it trains on step k
-                stale = staleness_stats(samples, trainer_version)
-                versions_log.write(
-                    __import__("json").dumps(
-                        {
-                            "step": step,
-                            "trainer_version": trainer_version,
-                            "sample_versions": [s.weight_version for s in samples],
-                            "prompt_indices": sorted({s.prompt_index for s in samples}),
-                        }
-                    )
-                    + "\n"
-                )
-                versions_log.flush()
-                train_began = time.monotonic()
-                train_metrics = self.trainer.train_step(part["samples"])
-                trained = time.monotonic() - train_began
-                publish_s = self._publish(step + 1)
-                status = ray.get(self.manager.status.remote())
-                step_time = time.monotonic() - wait_began
-                row = {
-                    **part["metrics"],
-                    **{f"train/{k}": v for k, v in train_metrics.items()},
-                    **stale.to_metrics(),
-                    "time/step_s": step_time,
-                    "time/trainer_wait_s": waited,
-                    "time/train_s": trained,
-                    "time/publish_s": publish_s,
-                    "time/trainer_wait_fraction": waited / step_time if step_time else 0.0,
-                    "engines/active": status["active_engines"],
-                    "engines/weight_version": status["engine_weight_version"],
-                    "rollout/staleness_blocked_fraction": status["staleness_blocked_fraction"],
-                }
-                metrics.log(step + 1, row)
-                log.info(
-                    "training step %d/%d: reward %.3f, response len %.1f, staleness max %s, loss %.4f (%.1fs)",
-                    step + 1,
-                    total,
-                    row.get("rollout/reward_mean", float("nan")),
-                    row.get("rollout/response_len_mean", float("nan")),
-                    row.get("staleness/max"),
-                    train_metrics.get("loss", float("nan")),
-                    step_time,
-                )
-                done = step + 1
-                if self.args.eval_interval and done % self.args.eval_interval == 0 and self.args.eval_prompt_data:
-                    self._evaluate(metrics, done)
-                if self.args.save and self.args.save_interval and done % self.args.save_interval == 0:
-                    self._save(done, part["cursor_end"])
-                if self.stop.requested and self.args.save:
-                    self._save(done, part["cursor_end"])
+            last_done: tuple[int, dict[str, int] | None] | None = None
+            last_saved = -1
+            try:
+                for step in range(start_step, total):
+                    if self.stop.requested:
+                        break
+                    cursor_end = self._train_one(step, total, metrics, versions_log)
+                    done = step + 1
+                    last_done = (done, cursor_end)
+                    if self.args.eval_interval and done % self.args.eval_interval == 0 and self.args.eval_prompt_data:
+                        self._evaluate(metrics, done)
+                    if self.args.save and self.args.save_interval and done % self.args.save_interval == 0:
+                        self._save(done, cursor_end)
+                        last_saved = done
+            except _StopRequested:
+                pass
+            if self.stop.requested:
+                log.warning("%s: stopping after step %s", self.stop.signal_name, last_done[0] if last_done else "-")
+                if self.args.save and last_done is not None and last_done[0] != last_saved:
+                    self._save(*last_done)
             summary = summarize(metrics.train_rows, time.monotonic() - began)
             self._finish(summary, metrics, plot)
             return 0
@@ -269,6 +234,59 @@ class Driver:
             versions_log.close()
             metrics.close()
             self._shutdown()
+
+    def _train_one(self, step: int, total: int, metrics: Any, versions_log: Any) -> dict[str, int] | None:
+        """Rollout step `step` → one training step → publish version step+1; returns the data position."""
+        import ray
+
+        from relax.data.buffer import staleness_stats
+        from relax.data.sample import Sample
+
+        wait_began = time.monotonic()
+        part = self._get_partition(step)
+        waited = time.monotonic() - wait_began
+        samples = [Sample.from_dict(d) for d in part["samples"]]
+        trainer_version = step  # the trainer holds version k while it trains on step k
+        stale = staleness_stats(samples, trainer_version)
+        record = {
+            "step": step,
+            "trainer_version": trainer_version,
+            "sample_versions": [s.weight_version for s in samples],
+            "prompt_indices": sorted({s.prompt_index for s in samples}),
+        }
+        versions_log.write(json.dumps(record) + "\n")
+        versions_log.flush()
+        train_began = time.monotonic()
+        train_metrics = self.trainer.train_step(part["samples"])
+        trained = time.monotonic() - train_began
+        publish_s = self._publish(step + 1)
+        status = ray.get(self.manager.status.remote())
+        step_time = time.monotonic() - wait_began
+        row = {
+            **part["metrics"],
+            **{f"train/{k}": v for k, v in train_metrics.items()},
+            **stale.to_metrics(),
+            "time/step_s": step_time,
+            "time/trainer_wait_s": waited,
+            "time/train_s": trained,
+            "time/publish_s": publish_s,
+            "time/trainer_wait_fraction": waited / step_time if step_time else 0.0,
+            "engines/active": status["active_engines"],
+            "engines/weight_version": status["engine_weight_version"],
+            "rollout/staleness_blocked_fraction": status["staleness_blocked_fraction"],
+        }
+        metrics.log(step + 1, row)
+        log.info(
+            "training step %d/%d: reward %.3f, response len %.1f, staleness max %s, loss %.4f (%.1fs)",
+            step + 1,
+            total,
+            row.get("rollout/reward_mean", float("nan")),
+            row.get("rollout/response_len_mean", float("nan")),
+            row.get("staleness/max"),
+            train_metrics.get("loss", float("nan")),
+            step_time,
+        )
+        return part["cursor_end"]
 
     def _get_partition(self, step: int) -> dict[str, Any]:
         import ray
@@ -279,7 +297,7 @@ class Driver:
             if ready:
                 return ray.get(ref)
             if self.stop.requested:
-                raise KeyboardInterrupt
+                raise _StopRequested
 
     def _evaluate(self, metrics: Any, step: int) -> None:
         import ray
@@ -311,7 +329,6 @@ class Driver:
         log.info("checkpoint saved: %s", path)
 
     def _finish(self, summary: dict[str, Any], metrics: Any, plot_fn: Any) -> None:
-        import json
 
         out = self.run_dir / "summary.json"
         out.write_text(json.dumps(summary, indent=2) + "\n")

@@ -67,3 +67,41 @@ def test_on_policy_and_resume_continue_at_the_same_data_position(tiny_preset, tm
     assert [r["prompt_indices"] for r in rows] == [r["prompt_indices"] for r in ref_rows[3:]]
     for row in rows:
         assert set(row["sample_versions"]) == {row["trainer_version"]}
+
+
+def test_sigterm_stops_cleanly_with_a_checkpoint_and_no_leftovers(tiny_preset, tmp_path: Path) -> None:
+    import signal
+    import time
+
+    import psutil
+
+    out, ckpt = tmp_path / "stopped", tmp_path / "ckpt"
+    argv = tiny_train_argv(tiny_preset, out, num_rollout=500, max_staleness=1, extra=("--save", str(ckpt)))
+    log_path = tmp_path / "driver.log"
+    with log_path.open("w") as log:
+        driver = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        metrics = out / "metrics.jsonl"
+        while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
+            assert driver.poll() is None, log_path.read_text()[-3000:]
+            assert time.monotonic() < deadline, "training did not reach step 3"
+            time.sleep(0.2)
+        started = {p.pid for p in psutil.Process(driver.pid).children(recursive=True)}
+        assert started, "the driver should have started Ray and engine processes"
+        driver.send_signal(signal.SIGTERM)
+        assert driver.wait(timeout=120) == 0, log_path.read_text()[-3000:]
+    finally:
+        if driver.poll() is None:
+            import os
+
+            os.killpg(driver.pid, signal.SIGKILL)
+    text = log_path.read_text()
+    assert "SIGTERM: stopping after step" in text
+    saved = (ckpt / "latest").read_text().strip()
+    steps_logged = len([r for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "train"])
+    assert saved == f"step_{steps_logged:06d}"
+    deadline = time.monotonic() + 60
+    while any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE for pid in started):
+        assert time.monotonic() < deadline, "processes the run started are still alive"
+        time.sleep(0.2)
