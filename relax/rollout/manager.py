@@ -16,20 +16,20 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-import ray
-
 from relax.data.buffer import SampleBuffer, staleness_stats
 from relax.data.dataset import PromptCursor, PromptStream, load_prompt_data
 from relax.data.rewards import get_reward_fn
 from relax.data.sample import PromptGroup
 from relax.data.staleness import StalenessGate
 from relax.engines.client import EngineClient, EngineError, EngineUnavailable
-from relax.engines.launcher import BuiltinOptions
 from relax.logs import setup_logging
+from relax.rollout.elastic import ElasticScaling, envelope
+from relax.rollout.engine_lifecycle import EngineLifecycle, EngineSlot
 from relax.rollout.events import EventKind, EventLog
 from relax.rollout.generator import Generation, SamplingSettings, generate_group
-from relax.rollout.pool import EngineKind, EnginePool, EngineState
+from relax.rollout.pool import EngineKind, EnginePool
 from relax.rollout.router import NoEngineAvailable, Router
+from relax.rollout.scaling import ScaleRequestRegistry
 from relax.training.evaluation import evaluate_datasets
 from relax.training.weights import WeightManifest, WeightRegistry
 
@@ -64,6 +64,13 @@ class ManagerConfig:
     max_attempts: int = 4
     engine_log_dir: str | None = None
     engine_env: dict[str, str] = field(default_factory=dict)
+    gpus_per_engine: int = 1
+    max_engines: int | None = None  # the autoscaler's ceiling, when configured
+    scale_out_timeout_s: float = 300.0
+    partial_success_policy: str = "rollback_all"
+    scale_in_drain_timeout_s: float = 30.0
+    scale_in_shutdown_timeout_s: float = 30.0
+    health_timeout_s: float = 120.0
 
 
 @dataclass
@@ -73,7 +80,7 @@ class _StepStats:
     cursor_end: dict[str, int] | None = None
 
 
-class RolloutManager:
+class RolloutManager(EngineLifecycle, ElasticScaling):
     def __init__(self, config: ManagerConfig) -> None:
         from transformers import AutoTokenizer
 
@@ -114,13 +121,26 @@ class RolloutManager:
         self._error: BaseException | None = None
         self._tokens_generated = 0
         self._prompt_ids_cache: dict[int, list[int]] = {}
+        # engine lifecycle and elastic scaling (see the mixins)
+        self.scale_requests = ScaleRequestRegistry(time.time)
+        self.initial_count = 0
+        self._slots: dict[str, EngineSlot] = {}
+        self._sync_locks: dict[str, asyncio.Lock] = {}
+        self._drain_events: dict[str, asyncio.Event] = {}
+        self._cancelled_engines: set[str] = set()
+        self._background: set[asyncio.Task[Any]] = set()
+        self._shutting_down = False
+        self._health_task: asyncio.Task[None] | None = None
+        self._training: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ engines
     async def start_initial_engines(self, bundles: list[tuple[Any, int]]) -> list[dict[str, Any]]:
         """Start one EngineActor per (placement group, bundle index), concurrently; all must come up."""
         records = [self.pool.add(EngineKind.INITIAL, bundle=f"initial-{i}") for i in range(len(bundles))]
+        self.initial_count = len(records)
         results = await asyncio.gather(
-            *(self._bring_up(rec.engine_id, pg, index) for rec, (pg, index) in zip(records, bundles, strict=True)),
+            *(self._bring_up(r.engine_id, EngineSlot(pg, index)) for r, (pg, index) in zip(records, bundles,
+                                                                                            strict=True)),
             return_exceptions=True,
         )
         failures = [
@@ -130,76 +150,9 @@ class RolloutManager:
             raise RuntimeError(
                 "initial engines failed to start: " + "; ".join(f"{eid}: {err}" for eid, err in failures)
             )
+        if self._health_task is None:
+            self._health_task = asyncio.create_task(self._health_loop())
         return [self.pool.get(r.engine_id).to_dict() for r in records]
-
-    async def _bring_up(self, engine_id: str, placement_group: Any, bundle_index: int) -> None:
-        from relax.engines.actor import spawn_engine_actor
-
-        self.pool.transition(engine_id, EngineState.STARTING)
-        me = ray.get_runtime_context().current_actor
-        actor = spawn_engine_actor(
-            engine_id,
-            self.cfg.backend,
-            self.cfg.model_path,
-            placement_group=placement_group,
-            bundle_index=bundle_index,
-            num_gpus=1,
-            num_cpus=1,
-            weight_version=0,
-            options=BuiltinOptions(max_running_requests=self.cfg.max_running_requests, num_threads=1),
-            log_dir=self.cfg.engine_log_dir,
-            env=self.cfg.engine_env,
-            on_eviction=(me, "notify_eviction"),
-        )
-        self._actors[engine_id] = actor
-        try:
-            info = await actor.start.remote()
-            self.pool.set_url(engine_id, info["url"])
-            self.pool.set_node_id(engine_id, info.get("node_id"))
-            self.pool.transition(engine_id, EngineState.HEALTH_CHECKING)
-            client = EngineClient(info["url"], timeout=self.cfg.request_timeout_s)
-            self._clients[engine_id] = client
-            await client.health_generate()
-            self.pool.set_weight_version(engine_id, 0)
-            self.pool.transition(engine_id, EngineState.WEIGHT_SYNCING)
-            await self._sync_engine_to_latest(engine_id)
-            self.pool.transition(engine_id, EngineState.ACTIVE)
-        except BaseException as exc:
-            self.pool.transition(engine_id, EngineState.FAILED, error=str(exc))
-            self.events.append(EventKind.ENGINE_FAILED, engine_ids=engine_id, message=str(exc)[:500])
-            raise
-        self.router.add(engine_id)
-        self._routable.set()
-        self._state_changed.set()
-        self.events.append(EventKind.ENGINE_STATE, engine_ids=engine_id, message=f"ACTIVE at {info['url']}")
-        log.info("%s ACTIVE at %s (weights v%s)", engine_id, info["url"], self.pool.get(engine_id).weight_version)
-
-    async def _sync_engine_to_latest(self, engine_id: str) -> None:
-        latest = self.registry.latest()
-        record = self.pool.get(engine_id)
-        if latest is None or (record.weight_version or 0) >= latest.version:
-            return
-        await self._actors[engine_id].sync_weights.remote(latest.version, list(latest.bucket_refs))
-        self.pool.set_weight_version(engine_id, latest.version)
-
-    async def _on_engine_failure(self, engine_id: str, exc: BaseException) -> None:
-        record = self.pool.get(engine_id)
-        if record.state is not EngineState.ACTIVE:
-            return
-        self.router.remove(engine_id)
-        self.pool.transition(engine_id, EngineState.FAILED, error=str(exc))
-        self.events.append(EventKind.ENGINE_FAILED, engine_ids=engine_id, message=str(exc)[:500])
-        log.warning("%s failed (%s); taken out of routing, its requests are retried elsewhere", engine_id, exc)
-        if not self.router.routable():
-            self._routable.clear()
-
-    async def notify_eviction(self, engine_id: str) -> None:
-        """SIGTERM reached an EngineActor: stop routing to it at once (full drain: elastic scaling issue)."""
-        self.events.append(EventKind.ENGINE_EVICTED, engine_ids=engine_id, message="SIGTERM received")
-        if engine_id in self.pool and self.pool.get(engine_id).state is EngineState.ACTIVE:
-            self.router.remove(engine_id)
-            self.pool.transition(engine_id, EngineState.DRAINING)
-            log.warning("%s evicted: DRAINING", engine_id)
 
     # ------------------------------------------------------------------ weights
     async def publish_weights(self, version: int, bucket_refs: list[Any], manifest: WeightManifest) -> None:
@@ -223,15 +176,13 @@ class RolloutManager:
             if latest is None or not behind:
                 return
             began = time.monotonic()
-            results = await asyncio.gather(*(self._sync_one(eid) for eid in behind), return_exceptions=True)
+            results = await asyncio.gather(*(self._sync_engine_to_latest(eid) for eid in behind),
+                                           return_exceptions=True)
             for eid, res in zip(behind, results, strict=True):
                 if isinstance(res, BaseException):
                     await self._on_engine_failure(eid, res)
             log.info("weights v%d on %d engine(s) in %.2fs", latest.version, len(behind), time.monotonic() - began)
             self._state_changed.set()
-
-    async def _sync_one(self, engine_id: str) -> None:
-        await self._sync_engine_to_latest(engine_id)
 
     def _engine_version(self) -> int:
         version = self.pool.min_active_weight_version()
@@ -258,7 +209,7 @@ class RolloutManager:
                 continue
             finally:
                 self.router.release(engine_id)
-                self.pool.set_in_flight(engine_id, self.router.in_flight(engine_id))
+                self._note_release(engine_id)
             assert isinstance(out, dict)
             if (out["meta_info"].get("finish_reason") or {}).get("type") == "abort":
                 last_error = RuntimeError(f"aborted on {engine_id}")
@@ -400,7 +351,8 @@ class RolloutManager:
 
     async def engine_process(self, engine_id: str) -> dict[str, Any]:
         """The EngineActor's launch info (url, node, server pid) for operators and tests."""
-        return await self._actors[engine_id].info.remote()
+        actor = self._actors.get(engine_id)
+        return {} if actor is None else await actor.info.remote()
 
     async def engine_urls(self) -> dict[str, str]:
         return {r.engine_id: r.url for r in self.pool.active() if r.url}
@@ -418,6 +370,51 @@ class RolloutManager:
     async def recent_events(self, limit: int = 100) -> list[dict[str, Any]]:
         return [e.to_dict() for e in self.events.newest(limit)]
 
+    async def report_training(self, metrics: dict[str, Any]) -> None:
+        """The driver's latest training-step figures, shown by the control plane's /metrics."""
+        self._training = dict(metrics)
+
+    # ------------------------------------------------------------------ REST views (envelopes)
+    async def engines_view(self, model_name: str | None = None) -> dict[str, Any]:
+        if model_name not in (None, "default"):
+            return envelope(404, {"detail": f"model_name: unknown model {model_name!r} (the only model is 'default')",
+                                  "field": "model_name"})
+        for r in self.pool.records():
+            self.pool.set_in_flight(r.engine_id, self.router.in_flight(r.engine_id))
+        live = [r for r in self.pool.records() if not r.state.terminal]
+        view = [{"engine_id": r.engine_id, "url": r.url, "kind": r.kind.value, "status": r.state.value,
+                 "weight_version": r.weight_version, "in_flight": r.in_flight, "node_id": r.node_id}
+                for r in live]
+        return envelope(200, {"models": {"default": {"engines": view}}, "total_engines": len(view),
+                              "active_engines": len(self.pool.active())})
+
+    async def events_view(self, limit: int = 100, kind: str | None = None) -> dict[str, Any]:
+        try:
+            return envelope(200, self.events.to_dict(limit, kind))
+        except ValueError as exc:
+            return envelope(400, {"detail": f"kind: {exc}", "field": "kind"})
+
+    async def relax_status(self) -> dict[str, Any]:
+        counts = {state.value: n for state, n in self.pool.counts().items()}
+        kinds: dict[str, int] = {}
+        for event in self.events.newest(None):
+            kinds[event.kind.value] = kinds.get(event.kind.value, 0) + 1
+        return envelope(200, {
+            "engines_by_state": counts,
+            "training_step": self._training.get("step", 0),
+            "num_rollout": self.cfg.num_rollout,
+            "rollout_tokens_per_s": self._training.get("rollout_tokens_per_s", 0.0),
+            "staleness_mean": self._training.get("staleness_mean", 0.0),
+            "trainer_wait_fraction": self._training.get("trainer_wait_fraction", 0.0),
+            "engine_weight_version": self._engine_version(),
+            "staleness_blocked_fraction": self.gate.blocked_fraction(),
+            "buffer_waiting_partitions": self.buffer.num_waiting_partitions(),
+            "tokens_generated": self._tokens_generated,
+            "scale_events_total": kinds,
+            "initial_engines": self.initial_count,
+            "scale_request_running": (r.request_id if (r := self.scale_requests.running()) else None),
+        })
+
     async def wait_weights(self, version: int, timeout: float = 120.0) -> bool:
         """Wait until every ACTIVE engine holds at least `version` (tests and the final summary)."""
         deadline = time.monotonic() + timeout
@@ -428,22 +425,19 @@ class RolloutManager:
         return True
 
     async def shutdown(self) -> None:
-        if self._generation is not None:
-            self._generation.cancel()
-        if self._sync_task is not None:
-            self._sync_task.cancel()
+        """Stop generation, every engine (process, actor, owned placement group) and background task."""
+        self._shutting_down = True
+        for task in [self._generation, self._sync_task, self._health_task, *self._background]:
+            if task is not None:
+                task.cancel()
         await self.buffer.close()
-        stops = [actor.shutdown.remote(5.0) for actor in self._actors.values()]
-        for ref in stops:
-            try:
-                await ref
-            except Exception as exc:  # an already-dead engine is fine here
-                log.info("engine shutdown: %s", exc)
-        for client in self._clients.values():
+        await asyncio.gather(*(self._release_resources(eid, grace_s=5.0) for eid in list(self._actors)),
+                             return_exceptions=True)
+        for engine_id in list(self._slots):  # owned groups of engines whose actor never started
+            await self._release_resources(engine_id, grace_s=0.0)
+        for client in list(self._clients.values()):
             await client.aclose()
-        for actor in self._actors.values():
-            ray.kill(actor, no_restart=True)
-        self._actors.clear()
+        self._clients.clear()
         log.info("rollout manager shut down (pid %d)", os.getpid())
 
 

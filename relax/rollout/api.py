@@ -1,0 +1,434 @@
+"""The control plane's HTTP routes: ``/rollout/*`` (DESIGN 4), ``/metrics``, ``/health``, and the autoscaler mount.
+
+Routes are deliberately thin. Each one validates what the client sent with the strict pydantic bodies of
+:mod:`relax.rollout.api_models` (so a malformed request is a 4xx naming the field and never reaches the
+backend), makes one call on the *backend*, and answers the HTTP status and body the backend chose. All
+rules (absolute targets, the initial-engine floor, one operation at a time, sticky cancel) live behind the
+backend, in :mod:`relax.rollout.scaling`, where the autoscaler reaches them by the same entry points.
+
+The backend is any object with the async methods of :class:`RolloutBackend`; each returns an *envelope*
+``{"http_status": int, "body": <JSON-able>}``. The envelope is what lets a status code cross the Ray
+boundary from the RolloutManager actor without exception plumbing; :class:`~relax.rollout.control_plane.
+RayBackend` adapts an actor handle, and an in-process object (tests, the simulator) can implement the same
+methods directly. A backend may also raise :class:`~relax.rollout.api_models.RequestError`; it is answered
+with its own status.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import Awaitable, Mapping
+from typing import Annotated, Any, Protocol, runtime_checkable
+
+from fastapi import APIRouter, Body, FastAPI, Path, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from relax.rollout.api_models import (
+    CancelBatchBody,
+    CancelBatchResponse,
+    EnginesResponse,
+    ErrorResponse,
+    RequestError,
+    ScaleAccepted,
+    ScaleInBody,
+    ScaleInDryRun,
+    ScaleInRequestView,
+    ScaleNoop,
+    ScaleOutBody,
+    ScaleOutRequestView,
+    _error_items,
+    describe_validation_error,
+)
+from relax.rollout.events import EventKind
+from relax.rollout.relax_metrics import CONTENT_TYPE, render_metrics
+
+log = logging.getLogger("relax.api")
+
+__all__ = [
+    "Envelope",
+    "RolloutBackend",
+    "create_app",
+    "envelope",
+    "error_envelope",
+    "unwrap_envelope",
+]
+
+Envelope = dict[str, Any]
+"""``{"http_status": int, "body": <JSON-able>}``: a backend's answer, status included."""
+
+OPEN_PATHS = frozenset({"/health"})
+"""Paths served without a token: a load balancer or liveness probe must not need the secret."""
+
+MAX_EVENTS_LIMIT = 10_000
+
+
+def envelope(body: Any, http_status: int = 200) -> Envelope:
+    """Build a backend answer; the RolloutManager uses this on its side of the Ray boundary."""
+    return {"http_status": int(http_status), "body": body}
+
+
+def error_envelope(error: RequestError) -> Envelope:
+    """A :class:`RequestError` as an envelope: its HTTP status and ``{"detail", "field", ...}`` body."""
+    return envelope(error.to_dict(), error.http_status)
+
+
+def unwrap_envelope(value: Any) -> tuple[int, Any]:
+    """``(status, body)`` from an envelope; a malformed one is a backend bug and becomes a 500.
+
+    Checked rather than trusted because the backend lives in another process, possibly on another version
+    of Relax: answering its garbage as a 200 would hide the bug from the operator.
+    """
+    if isinstance(value, Mapping) and set(value) == {"http_status", "body"}:
+        status = value["http_status"]
+        if isinstance(status, int) and not isinstance(status, bool) and 100 <= status <= 599:
+            return status, value["body"]
+    shown = repr(value)
+    shown = shown if len(shown) <= 200 else shown[:197] + "..."
+    return 500, {"detail": f"internal error: the rollout backend answered a malformed envelope: {shown}"}
+
+
+@runtime_checkable
+class RolloutBackend(Protocol):
+    """What the routes call; every method answers an :data:`Envelope` (see the module docstring)."""
+
+    def engines_view(self, model_name: str | None) -> Awaitable[Envelope]: ...
+
+    def scale_out(self, body: dict[str, Any]) -> Awaitable[Envelope]: ...
+
+    def scale_in(self, body: dict[str, Any]) -> Awaitable[Envelope]: ...
+
+    def list_scale_requests(
+        self, direction: str, status: str | None, model_name: str | None
+    ) -> Awaitable[Envelope]: ...
+
+    def get_scale_request(self, direction: str, request_id: str) -> Awaitable[Envelope]: ...
+
+    def cancel_scale_out(self, request_id: str) -> Awaitable[Envelope]: ...
+
+    def cancel_scale_out_batch(self, body: dict[str, Any]) -> Awaitable[Envelope]: ...
+
+    def events(self, limit: int, kind: str | None) -> Awaitable[Envelope]: ...
+
+    def relax_status(self) -> Awaitable[Envelope]: ...
+
+
+class EventView(BaseModel):
+    """One entry of ``GET /rollout/events`` (see :class:`relax.rollout.events.Event`)."""
+
+    seq: int
+    kind: EventKind
+    timestamp: float
+    message: str
+    engine_ids: list[str]
+    request_id: str | None
+    details: dict[str, Any]
+
+
+class EventsResponse(BaseModel):
+    """``GET /rollout/events``: newest first; ``total`` counts every event ever, ``dropped`` those forgotten."""
+
+    events: list[EventView]
+    total: int
+    dropped: int
+
+
+# -- answering --------------------------------------------------------------------------------------
+
+
+async def _answer(call: Awaitable[Any]) -> JSONResponse:
+    """Await one backend call and turn its envelope (or its RequestError) into the HTTP answer."""
+    try:
+        status, body = unwrap_envelope(await call)
+    except RequestError as exc:
+        status, body = exc.http_status, exc.to_dict()
+    except Exception as exc:  # a bug behind the backend: say so in JSON instead of a bare 500 page
+        log.exception("rollout backend call failed")
+        status, body = 500, {"detail": f"internal error: {type(exc).__name__}: {exc}"}
+    return JSONResponse(body, status_code=status)
+
+
+def _error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI documentation of the 4xx answers; all share :class:`ErrorResponse`'s shape."""
+    what = {
+        400: "a rule refused the request (the message names the field)",
+        401: "missing or wrong bearer token",
+        404: "unknown model or request id",
+        409: "another scale operation is running (running_request_id says which)",
+        415: "the body is not JSON",
+        422: "the body does not have the contract's shape (wrong type, unknown field, bad URL...)",
+        503: "the rollout manager is not reachable",
+    }
+    return {code: {"model": ErrorResponse, "description": what[code]} for code in codes}
+
+
+# -- validation errors -------------------------------------------------------------------------------
+
+_BODY_MODELS: dict[str, type[BaseModel]] = {
+    "/rollout/scale_out": ScaleOutBody,
+    "/rollout/scale_in": ScaleInBody,
+    "/rollout/scale_out_cancel": CancelBatchBody,
+}
+
+
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    """One-line ``detail`` naming the field, for body and query errors alike.
+
+    Status: 400 when the body is not even JSON (a syntax error), 415 when it was sent as something else
+    than JSON (``curl -d`` without ``-H 'Content-Type: application/json'`` is the usual cause), 422 for a
+    JSON body or query of the wrong shape.
+    """
+    assert isinstance(exc, RequestValidationError)
+    route = request.scope.get("route")
+    model = _BODY_MODELS.get(getattr(route, "path", ""))
+    errors = exc.errors()
+    kinds = {e.get("type") for e in errors}
+    if "json_invalid" in kinds:
+        status = 400
+    elif any(e.get("type") == "model_attributes_type" and isinstance(e.get("input"), bytes) for e in errors):
+        content_type = request.headers.get("content-type", "none")
+        return JSONResponse(
+            {
+                "detail": f"body: send a JSON object with 'Content-Type: application/json' (got {content_type})",
+                "field": "body",
+            },
+            status_code=415,
+        )
+    else:
+        status = 422
+    items = _error_items(exc, model)
+    return JSONResponse(
+        {
+            "detail": describe_validation_error(exc, model),
+            "field": items[0]["field"] if items else None,
+            "errors": items,
+        },
+        status_code=status,
+    )
+
+
+# -- auth -------------------------------------------------------------------------------------------
+
+
+class BearerAuth:
+    """Require ``Authorization: Bearer <token>`` on every path except :data:`OPEN_PATHS`.
+
+    An ASGI middleware rather than a route dependency so that nothing can be mounted unguarded: the
+    autoscaler router, ``/metrics``, ``/openapi.json`` and ``/docs`` are covered whoever adds them. The
+    comparison is constant-time (``hmac.compare_digest``) so the token cannot be guessed byte by byte.
+    """
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self.app = app
+        self._token = token.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("path") in OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
+        header = ""
+        for name, value in scope.get("headers", ()):
+            if name == b"authorization":
+                header = value.decode("latin-1")
+                break
+        scheme, _, credentials = header.partition(" ")
+        if not header:
+            problem = "missing 'Authorization: Bearer <token>' header (the token is RELAX_API_TOKEN)"
+        elif scheme.lower() != "bearer" or not credentials.strip():
+            problem = "the Authorization header must be 'Bearer <token>'"
+        elif not hmac.compare_digest(credentials.strip().encode("latin-1", "replace"), self._token):
+            problem = "invalid token: it does not match the run's RELAX_API_TOKEN"
+        else:
+            await self.app(scope, receive, send)
+            return
+        response = JSONResponse(
+            {"detail": problem, "field": None}, status_code=401, headers={"WWW-Authenticate": "Bearer"}
+        )
+        await response(scope, receive, send)
+
+
+# -- the app ----------------------------------------------------------------------------------------
+
+# Module level, not inside the router factory: with postponed annotations FastAPI resolves these names in
+# the module's globals.
+RequestId = Annotated[str, Path(min_length=1, max_length=128, description="so-<n> or si-<n>")]
+ModelFilter = Annotated[str | None, Query(min_length=1, max_length=256, description="only this model")]
+StatusFilter = Annotated[str | None, Query(min_length=1, max_length=32, description="a request status name")]
+EventsLimit = Annotated[int, Query(ge=1, le=MAX_EVENTS_LIMIT, description="newest N events")]
+EventKindFilter = Annotated[EventKind | None, Query(description="only events of this kind")]
+CancelBody = Annotated[CancelBatchBody | None, Body()]
+
+
+def _rollout_router(backend: RolloutBackend) -> APIRouter:
+    # strict_content_type=False: a JSON body sent without a Content-Type header is still parsed as JSON.
+    router = APIRouter(prefix="/rollout", tags=["rollout"], strict_content_type=False)
+
+    @router.get("/engines", response_model=EnginesResponse, responses=_error_responses(401, 404, 503))
+    async def engines(model_name: ModelFilter = None) -> JSONResponse:
+        """Engines of the pool with their lifecycle status (DESIGN 3.4); removed and failed ones are hidden."""
+        return await _answer(backend.engines_view(model_name))
+
+    @router.post(
+        "/scale_out",
+        response_model=ScaleAccepted | ScaleNoop,
+        responses=_error_responses(400, 401, 404, 409, 415, 422, 503),
+    )
+    async def scale_out(body: ScaleOutBody) -> JSONResponse:
+        """Grow the pool to ``num_replicas`` engines in total (an absolute target), or attach ``engine_urls``."""
+        return await _answer(backend.scale_out(body.model_dump(mode="json")))
+
+    @router.get(
+        "/scale_out", response_model=list[ScaleOutRequestView], responses=_error_responses(400, 401, 404, 503)
+    )
+    async def list_scale_out(status: StatusFilter = None, model_name: ModelFilter = None) -> JSONResponse:
+        """Scale-out requests, newest first (the newest 100 finished ones are kept)."""
+        return await _answer(backend.list_scale_requests("scale_out", status, model_name))
+
+    @router.get("/scale_out/{request_id}", response_model=ScaleOutRequestView, responses=_error_responses(401, 404))
+    async def get_scale_out(request_id: RequestId) -> JSONResponse:
+        """One scale-out request with its per-engine phase timings."""
+        return await _answer(backend.get_scale_request("scale_out", request_id))
+
+    @router.post(
+        "/scale_out/{request_id}/cancel",
+        response_model=ScaleOutRequestView,
+        responses=_error_responses(400, 401, 404, 503),
+    )
+    async def cancel_scale_out(request_id: RequestId) -> JSONResponse:
+        """Cancel a running scale-out (sticky: it ends CANCELLED; engines not yet ACTIVE are rolled back)."""
+        return await _answer(backend.cancel_scale_out(request_id))
+
+    @router.post(
+        "/scale_out_cancel",
+        response_model=CancelBatchResponse,
+        responses=_error_responses(400, 401, 415, 422, 503),
+    )
+    async def cancel_scale_out_batch(body: CancelBody = None) -> JSONResponse:
+        """Cancel every running scale-out whose status is in ``status_filter`` (all of them without a body)."""
+        data = body.model_dump(mode="json") if body is not None else {}
+        return await _answer(backend.cancel_scale_out_batch(data))
+
+    @router.post(
+        "/scale_in",
+        response_model=ScaleAccepted | ScaleNoop | ScaleInDryRun,
+        responses=_error_responses(400, 401, 404, 409, 415, 422, 503),
+    )
+    async def scale_in(body: ScaleInBody) -> JSONResponse:
+        """Shrink the pool to ``num_replicas`` engines (elastic ones, newest first, after a real drain)."""
+        return await _answer(backend.scale_in(body.model_dump(mode="json")))
+
+    @router.get("/scale_in", response_model=list[ScaleInRequestView], responses=_error_responses(400, 401, 404, 503))
+    async def list_scale_in(status: StatusFilter = None, model_name: ModelFilter = None) -> JSONResponse:
+        """Scale-in requests, newest first."""
+        return await _answer(backend.list_scale_requests("scale_in", status, model_name))
+
+    @router.get("/scale_in/{request_id}", response_model=ScaleInRequestView, responses=_error_responses(401, 404))
+    async def get_scale_in(request_id: RequestId) -> JSONResponse:
+        """One scale-in request with its victims' drain and shutdown times."""
+        return await _answer(backend.get_scale_request("scale_in", request_id))
+
+    @router.get("/events", response_model=EventsResponse, responses=_error_responses(400, 401, 422, 503))
+    async def events(limit: EventsLimit = 100, kind: EventKindFilter = None) -> JSONResponse:
+        """Scale actions, engine transitions, evictions and failures, newest first."""
+        return await _answer(backend.events(limit, None if kind is None else kind.value))
+
+    return router
+
+
+def _autoscaler_router(autoscaler: Any) -> APIRouter:
+    """The router to mount under ``/autoscaler``: an ``APIRouter``, or an object carrying one as ``.router``."""
+    router = getattr(autoscaler, "router", autoscaler)
+    if not isinstance(router, APIRouter):
+        raise TypeError(
+            f"autoscaler must be a fastapi.APIRouter or have one as .router, got {type(autoscaler).__name__}"
+        )
+    return router
+
+
+def create_app(backend: RolloutBackend, *, token: str | None, autoscaler: Any | None = None) -> FastAPI:
+    """The control plane's FastAPI app over ``backend``.
+
+    ``token`` (the run's ``RELAX_API_TOKEN``) guards every path but ``/health``; ``None`` or ``""`` serves
+    without auth, which is only safe on the loopback address the control plane binds by default.
+    ``autoscaler`` (an ``APIRouter`` or an object with ``.router``) is mounted under ``/autoscaler``.
+    """
+    missing = [name for name in _BACKEND_METHODS if not callable(getattr(backend, name, None))]
+    if missing:
+        raise TypeError(f"backend {type(backend).__name__} lacks the method(s): {', '.join(missing)}")
+    app = FastAPI(
+        title="Relax control plane",
+        summary="Elastic rollout pool of a Relax RL run: engines, scale requests, events, metrics",
+        version="1",
+    )
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.include_router(_rollout_router(backend))
+
+    @app.get("/health", tags=["control plane"])
+    async def health() -> dict[str, str]:
+        """Liveness of the control plane itself (no token needed; says nothing about the run)."""
+        return {"status": "ok"}
+
+    @app.get(
+        "/metrics",
+        tags=["control plane"],
+        response_class=Response,
+        responses={200: {"content": {CONTENT_TYPE: {}}, "description": "Prometheus text"}, 503: {}},
+    )
+    async def metrics() -> Response:
+        """Relax's own Prometheus metrics: engines per state, training progress, staleness, scale events."""
+        try:
+            status, body = unwrap_envelope(await backend.relax_status())
+        except RequestError as exc:
+            status, body = exc.http_status, exc.to_dict()
+        except Exception as exc:  # keep the scrape answer a plain-text 503, never a half-written page
+            log.exception("relax_status failed")
+            status, body = 503, {"detail": f"{type(exc).__name__}: {exc}"}
+        if status != 200 or not isinstance(body, Mapping):
+            detail = body.get("detail") if isinstance(body, Mapping) else body
+            return Response(f"# relax status unavailable: {detail}\n", status_code=503, media_type="text/plain")
+        return Response(render_metrics(body), media_type=CONTENT_TYPE)
+
+    if autoscaler is not None:
+        app.include_router(_autoscaler_router(autoscaler), prefix="/autoscaler")
+    if token:
+        app.add_middleware(BearerAuth, token=token)
+        _document_bearer_auth(app)
+    return app
+
+
+_BACKEND_METHODS = (
+    "engines_view",
+    "scale_out",
+    "scale_in",
+    "list_scale_requests",
+    "get_scale_request",
+    "cancel_scale_out",
+    "cancel_scale_out_batch",
+    "events",
+    "relax_status",
+)
+
+
+def _document_bearer_auth(app: FastAPI) -> None:
+    """Declare the bearer scheme in ``/openapi.json`` (enforcement is :class:`BearerAuth`'s job)."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = build()
+            schema.setdefault("components", {}).setdefault("securitySchemes", {})["bearerAuth"] = {
+                "type": "http",
+                "scheme": "bearer",
+                "description": "the run's RELAX_API_TOKEN",
+            }
+            schema["security"] = [{"bearerAuth": []}]
+            for path in OPEN_PATHS:
+                for operation in schema.get("paths", {}).get(path, {}).values():
+                    operation["security"] = []
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

@@ -1,0 +1,184 @@
+"""Elastic scaling on a real local Ray cluster: scale-out, real drain, NOOP/409, rollback, cancel, eviction,
+external engines. Placement groups are checked in Ray's own table."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+import ray
+from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
+
+from relax.rollout.generator import SamplingSettings
+from relax.rollout.manager import ManagerConfig, RolloutManager
+
+
+def wait_until(predicate, timeout: float = 60.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"{what} not met within {timeout}s"
+        time.sleep(0.1)
+
+
+def groups_by_name() -> dict[str, str]:
+    return {g["name"]: g["state"] for g in placement_group_table().values() if g.get("name")}
+
+
+@pytest.fixture(scope="module")
+def elastic(ray_cluster, tiny_preset):
+    initial = placement_group([{"GPU": 1, "CPU": 1}], strategy="PACK", name="test-initial")
+    ray.get(initial.ready(), timeout=60)
+    config = ManagerConfig(
+        model_path=str(tiny_preset.model_dir), prompt_data=str(tiny_preset.train_path), num_rollout=1,
+        rollout_batch_size=4, sampling=SamplingSettings(n_samples=2, max_new_tokens=8), max_staleness=0,
+        apply_chat_template=True, rm_type="tiny", max_engines=3, scale_out_timeout_s=60,
+        scale_in_drain_timeout_s=20, scale_in_shutdown_timeout_s=5,
+    )
+    manager = ray.remote(RolloutManager).options(max_concurrency=1000, num_cpus=0).remote(config)
+    try:
+        ray.get(manager.start_initial_engines.remote([(initial, 0)]), timeout=180)
+        yield manager
+    finally:
+        ray.get(manager.shutdown.remote(), timeout=120)
+        ray.kill(manager)
+        remove_placement_group(initial)
+
+
+def call(manager, method: str, *args):
+    answer = ray.get(getattr(manager, method).remote(*args), timeout=120)
+    return answer["http_status"], answer["body"]
+
+
+def engines(manager) -> list[dict]:
+    return call(manager, "engines_view")[1]["models"]["default"]["engines"]
+
+
+def finished(manager, direction: str, request_id: str, timeout: float = 120) -> dict:
+    def done():
+        record = call(manager, "get_scale_request", direction, request_id)[1]
+        return record if record["status"] in ("ACTIVE", "PARTIAL", "FAILED", "CANCELLED", "COMPLETED") else None
+
+    return wait_until(done, timeout, f"{request_id} to finish")
+
+
+def test_scale_out_to_an_absolute_target_with_conflict_and_noop(elastic) -> None:
+    status, body = call(elastic, "scale_out", {"num_replicas": 3})
+    assert status == 200 and body["status"] == "PENDING"
+    request_id = body["request_id"]
+    status, conflict = call(elastic, "scale_out", {"num_replicas": 3})
+    assert status == 409 and conflict["running_request_id"] == request_id
+    record = finished(elastic, "scale_out", request_id)
+    assert record["status"] == "ACTIVE", record
+    timings = record["timings"]
+    assert timings["placement_wait_s"] is not None and timings["weight_sync_s"] is not None
+    active = [e for e in engines(elastic) if e["status"] == "ACTIVE"]
+    assert len(active) == 3 and sorted(e["kind"] for e in active) == ["elastic", "elastic", "initial"]
+    names = groups_by_name()
+    for engine in active:
+        if engine["kind"] == "elastic":
+            assert names[f"relax-{engine['engine_id']}"] == "CREATED"
+    status, body = call(elastic, "scale_out", {"num_replicas": 3})
+    assert status == 200 and body["status"] == "NOOP"
+    status, body = call(elastic, "scale_out", {"num_replicas": 4})
+    assert status == 400 and "max" in body["detail"]
+
+
+def test_scale_in_drains_for_real_and_loses_nothing(elastic) -> None:
+    params = {"max_new_tokens": 200, "temperature": 1.0, "ignore_eos": True}
+    in_flight = [elastic.generate.remote(f"load-{i}", [1, 2, 3, 4], params) for i in range(24)]
+    wait_until(lambda: sum(e["in_flight"] for e in engines(elastic)) >= 12, 30, "load on the engines")
+    victims = [e["engine_id"] for e in engines(elastic) if e["kind"] == "elastic"]
+    status, body = call(elastic, "scale_in", {"num_replicas": 1, "dry_run": True})
+    assert status == 200 and sorted(v["engine_id"] for v in body["victims"]) == sorted(victims)
+    assert len([e for e in engines(elastic) if e["status"] == "ACTIVE"]) == 3  # dry run changed nothing
+    status, body = call(elastic, "scale_in", {"num_replicas": 1})
+    assert status == 200, body
+    record = finished(elastic, "scale_in", body["request_id"])
+    assert record["status"] == "COMPLETED", record
+    outs = ray.get(in_flight, timeout=180)
+    assert len(outs) == 24 and all(o.output["meta_info"]["completion_tokens"] == 200 for o in outs)
+    remaining = engines(elastic)
+    assert [e["kind"] for e in remaining] == ["initial"]
+    names = groups_by_name()
+    assert all(names[f"relax-{v}"] == "REMOVED" for v in victims)
+    status, body = call(elastic, "scale_in", {"num_replicas": 0})
+    assert status in (400, 422) and "num_replicas" in str(body)
+
+
+@pytest.mark.parametrize("body,field", [
+    ({"num_replicas": -1}, "num_replicas"),
+    ({"num_replicas": "2"}, "num_replicas"),
+    ({"num_replicas": 2, "surprise": 1}, "surprise"),
+    ({"engine_urls": ["ftp://x:1"]}, "engine_urls"),
+    ({"num_replicas": 2, "model_name": "other"}, "model"),
+])
+def test_bad_scale_bodies_change_nothing(elastic, body, field) -> None:
+    before = engines(elastic)
+    status, answer = call(elastic, "scale_out", body)
+    assert 400 <= status < 500 and field in str(answer)
+    assert engines(elastic) == before
+
+
+def test_unplaceable_scale_out_rolls_back_and_cancel_is_sticky(elastic) -> None:
+    free = int(ray.available_resources().get("GPU", 0))
+    blocker = placement_group([{"GPU": 1, "CPU": 1}] * free, strategy="PACK", name="test-blocker")
+    ray.get(blocker.ready(), timeout=60)  # take the free GPUs: new engines cannot be placed
+    try:
+        status, body = call(elastic, "scale_out", {"num_replicas": 2, "timeout_secs": 3})
+        assert status == 200
+        record = finished(elastic, "scale_out", body["request_id"], 60)
+        assert record["status"] == "FAILED" and "placement group not ready" in record["error"], record
+        status, body = call(elastic, "scale_out", {"num_replicas": 3, "timeout_secs": 60})
+        request_id = body["request_id"]
+        wait_until(lambda: any(e["status"] == "PENDING" for e in engines(elastic)), 10, "a pending engine")
+        status, cancelled = call(elastic, "cancel_scale_out", request_id)
+        assert status == 200
+        record = finished(elastic, "scale_out", request_id, 30)
+        assert record["status"] == "CANCELLED"
+        status, _ = call(elastic, "cancel_scale_out", request_id)
+        assert status == 400
+    finally:
+        remove_placement_group(blocker)
+    assert [e["kind"] for e in engines(elastic)] == ["initial"]
+    pending = [n for n, state in groups_by_name().items() if n.startswith("relax-engine") and state != "REMOVED"]
+    assert pending == []
+
+
+def test_sigterm_evicts_an_elastic_engine_with_drain_and_cleanup(elastic) -> None:
+    status, body = call(elastic, "scale_out", {"num_replicas": 3})
+    assert finished(elastic, "scale_out", body["request_id"])["status"] == "ACTIVE"
+    victim = next(e["engine_id"] for e in engines(elastic) if e["kind"] == "elastic")
+    info = ray.get(elastic.engine_process.remote(victim))
+    params = {"max_new_tokens": 150, "temperature": 1.0, "ignore_eos": True}
+    in_flight = [elastic.generate.remote(f"evict-{i}", [5, 6, 7], params) for i in range(8)]
+    os.kill(info["actor_pid"], signal.SIGTERM)
+    wait_until(lambda: victim not in {e["engine_id"] for e in engines(elastic)}, 60, "the evicted engine to go")
+    outs = ray.get(in_flight, timeout=120)
+    assert all(o.output["meta_info"]["completion_tokens"] == 150 for o in outs)
+    assert groups_by_name()[f"relax-{victim}"] == "REMOVED"
+    kinds = [e["kind"] for e in call(elastic, "events_view", 50)[1]["events"] if victim in e["engine_ids"]]
+    assert "engine_evicted" in kinds
+    status, body = call(elastic, "scale_in", {"num_replicas": 1})
+    assert status == 200 and "request_id" in body, body
+    assert finished(elastic, "scale_in", body["request_id"])["status"] == "COMPLETED"
+
+
+def test_external_engines_attach_idempotently_and_leave_by_url(elastic, start_engine, tiny_preset) -> None:
+    server = start_engine(tiny_preset.model_dir)
+    status, body = call(elastic, "scale_out", {"engine_urls": [server.url]})
+    assert status == 200, body
+    assert finished(elastic, "scale_out", body["request_id"])["status"] == "ACTIVE"
+    external = [e for e in engines(elastic) if e["kind"] == "external"]
+    assert len(external) == 1 and external[0]["status"] == "ACTIVE" and external[0]["url"] == server.url
+    status, body = call(elastic, "scale_out", {"engine_urls": [server.url]})
+    assert status == 200 and body["status"] == "NOOP"
+    status, body = call(elastic, "scale_in", {"engine_urls": [server.url]})
+    assert status == 200, body
+    assert finished(elastic, "scale_in", body["request_id"])["status"] == "COMPLETED"
+    assert [e["kind"] for e in engines(elastic)] == ["initial"]
+    assert server.alive  # Relax detaches external engines; it does not own their processes
