@@ -130,6 +130,12 @@ class Driver:
             eval_datasets=tuple((n, str(Path(p).resolve())) for n, p in a.eval_prompt_data),
             eval_sampling=eval_sampling,
             engine_log_dir=str((self.run_dir / "engines").resolve()),
+            gpus_per_engine=a.rollout_num_gpus_per_engine,
+            max_engines=self.plan.max_engines,
+            scale_out_timeout_s=a.scale_out_timeout,
+            partial_success_policy=a.scale_out_partial_success_policy.value,
+            scale_in_drain_timeout_s=a.scale_in_drain_timeout,
+            scale_in_shutdown_timeout_s=a.scale_in_shutdown_timeout,
         )
 
     def _start(self) -> int:
@@ -276,6 +282,11 @@ class Driver:
             "rollout/staleness_blocked_fraction": status["staleness_blocked_fraction"],
         }
         metrics.log(step + 1, row)
+        self.manager.report_training.remote({
+            "step": step + 1, "staleness_mean": row.get("staleness/mean", 0.0),
+            "trainer_wait_fraction": row["time/trainer_wait_fraction"],
+            "rollout_tokens_per_s": _tokens_per_s(samples, row.get("rollout/seconds")),
+        })
         log.info(
             "training step %d/%d: reward %.3f, response len %.1f, staleness max %s, loss %.4f (%.1fs)",
             step + 1,
@@ -358,6 +369,10 @@ class Driver:
         remove_groups(self.groups)
         if ray.is_initialized():
             ray.shutdown()
+
+
+def _tokens_per_s(samples: list[Any], seconds: float | None) -> float:
+    return sum(s.response_length for s in samples) / seconds if seconds else 0.0
 
 
 def _fmt(value: float | None) -> str:
