@@ -1,0 +1,241 @@
+"""The local elastic cluster really grows on a pending placement group and shrinks when it goes away.
+
+The pytest process may already run its own local Ray (session fixtures), so the driver that talks to the
+elastic cluster runs in a subprocess: a tiny line protocol (one JSON command in, one JSON reply out) lets the
+test observe the cluster between the driver's steps. Timings are printed (and attached to the test report),
+never asserted: performance belongs in benchmarks/.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import pytest
+
+from relax.cluster.network import free_port
+from relax.testing import ClusterInfo, ElasticCluster, ElasticClusterConfig, stop_cluster
+
+T = TypeVar("T")
+
+DRIVER = r'''
+import json, sys, time
+import ray
+from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
+
+ray.init(address=sys.argv[1], log_to_driver=False, logging_level="ERROR")
+groups = {}
+
+def reply(**kw):
+    print(json.dumps(kw), flush=True)
+
+reply(event="connected", resources=ray.cluster_resources())
+for line in sys.stdin:
+    cmd = json.loads(line)
+    op = cmd["op"]
+    if op == "create":
+        pg = placement_group(cmd["bundles"], strategy=cmd.get("strategy", "PACK"))
+        groups[cmd["name"]] = pg
+        reply(event="created", t=time.time(), state=placement_group_table(pg)["state"])
+    elif op == "ready":
+        pg = groups[cmd["name"]]
+        try:
+            ray.get(pg.ready(), timeout=cmd["timeout"])
+            reply(event="ready", t=time.time(), ok=True, state=placement_group_table(pg)["state"])
+        except ray.exceptions.GetTimeoutError:
+            reply(event="ready", t=time.time(), ok=False, state=placement_group_table(pg)["state"])
+    elif op == "remove":
+        remove_placement_group(groups.pop(cmd["name"]))
+        reply(event="removed", t=time.time())
+    elif op == "exit":
+        reply(event="bye")
+        break
+ray.shutdown()
+'''
+
+
+def _poll(read: Callable[[], T], done: Callable[[T], bool], timeout: float) -> T:
+    """Read until ``done`` holds or the deadline passes (then fail with the last value)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = read()
+        if done(value):
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"condition not met within {timeout}s; last value: {value}")
+        time.sleep(0.1)
+
+
+def _survivors(pids: list[int]) -> list[int]:
+    """The pids still running (zombies awaiting their parent's reap count as gone)."""
+    import psutil
+
+    alive = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+class Driver:
+    """A Ray driver in a subprocess, connected to the elastic cluster."""
+
+    def __init__(self, address: str, env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", DRIVER, address], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL, text=True, env={**os.environ, **env, "OMP_NUM_THREADS": "1"},
+        )
+
+    def read(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"driver exited with code {self.proc.wait(timeout=5)}")
+        return json.loads(line)
+
+    def call(self, **cmd: Any) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+        return self.read()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.call(op="exit")
+                self.proc.wait(timeout=30)
+            except Exception:  # noqa: BLE001 - a dead driver is fine; make sure it is gone
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+
+def test_elastic_cluster_grows_and_shrinks(record_property: Any) -> None:
+    # Dashboard on, as `relax cluster up` runs it: `ray job submit` needs its jobs API.
+    config = ElasticClusterConfig(head_gpus=2, max_elastic=2, idle_timeout_minutes=0.1,
+                                  include_dashboard=True, dashboard_port=free_port())
+    cluster = ElasticCluster(config)
+    timings: dict[str, float] = {}
+    t0 = time.monotonic()
+    info = cluster.start(timeout=120)
+    timings["cluster_start_s"] = time.monotonic() - t0
+    try:
+        assert info.dashboard_url is not None
+        with urllib.request.urlopen(f"{info.dashboard_url}/api/jobs/", timeout=10) as resp:
+            assert resp.status == 200 and json.loads(resp.read()) == []
+        status = cluster.status()
+        head = status.head
+        assert head is not None and status.elastic_nodes == []
+        assert head.total["GPU"] == 2 and head.total["stable_gpu"] == 2 and head.total["stable_cpu"] == 3
+
+        driver = Driver(info.address, info.env())
+        try:
+            hello = driver.read()
+            assert hello["resources"]["stable_gpu"] == 2, hello
+            assert hello["resources"]["stable_cpu"] == 3, hello
+
+            # Baseline bundles with the stable markers fill the head's GPUs, as Relax's baseline would.
+            baseline = [{"GPU": 1, "CPU": 1, "stable_gpu": 1, "stable_cpu": 1}] * 2
+            driver.call(op="create", name="baseline", bundles=baseline)
+            assert driver.call(op="ready", name="baseline", timeout=30)["ok"]
+
+            # One more GPU does not fit on the head: the group is pending and the autoscaler must add a node.
+            created = driver.call(op="create", name="elastic", bundles=[{"GPU": 1, "CPU": 1}])
+            t_created = time.monotonic()
+            assert created["state"] == "PENDING", created
+            pending = _poll(cluster.status, lambda st: bool(st.pending_placement_groups), timeout=10)
+            assert pending.elastic_nodes == [], pending.format()
+            assert pending.pending_placement_groups[0].bundles == [{"GPU": 1.0, "CPU": 1.0}], pending.format()
+
+            up = cluster.wait_for_nodes(1, timeout=90)
+            timings["node_up_s"] = time.monotonic() - t_created
+            node = up.elastic_nodes[0]
+            assert node.total["GPU"] == 1 and node.total["CPU"] == 1 and "stable_gpu" not in node.total
+            # Every process while the fake node is up (its raylet included), to check that stop leaves none.
+            pids = set(cluster.pids())
+
+            ready = driver.call(op="ready", name="elastic", timeout=60)
+            assert ready["ok"], ready
+            timings["pg_ready_s"] = time.monotonic() - t_created
+
+            driver.call(op="remove", name="elastic")
+            t_removed = time.monotonic()
+            gone = cluster.wait_for_nodes(0, timeout=90)
+            timings["node_removed_s"] = time.monotonic() - t_removed
+            assert gone.head is not None and gone.head.total["stable_gpu"] == 2
+        finally:
+            driver.close()
+
+        pids |= set(cluster.pids())
+        assert info.head_pid in pids
+    finally:
+        t_stop = time.monotonic()
+        cluster.stop(timeout=30)
+        timings["stop_s"] = time.monotonic() - t_stop
+    cluster.stop()  # idempotent
+    assert _survivors(sorted(pids)) == [], "processes of the cluster survived stop"
+    assert not os.path.exists(info.root_dir)
+    timings["total_s"] = time.monotonic() - t0
+    for key, value in timings.items():
+        record_property(key, round(value, 2))
+    print("elastic cluster timings:", json.dumps({k: round(v, 2) for k, v in timings.items()}))
+
+
+def test_autoscaling_config_is_complete() -> None:
+    """The v1 config carries everything the fake provider needs (the wheel has no example file to fall back on)."""
+    cfg = ElasticClusterConfig(head_gpus=4, max_elastic=3, node_group="g1")
+    conf = cfg.autoscaling_config("10.0.0.1:6380")
+    assert conf["provider"] == {"type": "fake_multinode", "use_node_id_as_ip": True, "disable_node_updaters": True,
+                                "disable_launch_config_check": True, "gcs_address": "10.0.0.1:6380"}
+    head = conf["available_node_types"][conf["head_node_type"]]
+    assert head["resources"] == {"CPU": 6, "GPU": 4, "g1_gpu": 4.0, "g1_cpu": 5.0} and head["max_workers"] == 0
+    elastic = conf["available_node_types"]["elastic"]
+    assert (elastic["min_workers"], elastic["max_workers"], conf["max_workers"]) == (0, 3, 3)
+    assert {k: elastic["resources"][k] for k in ("CPU", "GPU")} == {"CPU": 1, "GPU": 1}
+    with pytest.raises(ValueError):
+        ElasticClusterConfig(min_elastic=2, max_elastic=1)
+
+
+def _cli(state_dir: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "relax.cluster.cli", "cluster", *args, "--state-dir", state_dir],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_cluster_cli_up_status_down(tmp_path: Any) -> None:
+    """`up` detaches (the head outlives the command), `status` reads it, `down` stops exactly those processes."""
+    state_dir = str(tmp_path / "state")
+    state_file = tmp_path / "state" / "cluster.json"
+    assert _cli(state_dir, "status").returncode == 1
+    assert "not up" in _cli(state_dir, "down").stderr
+    try:
+        up = _cli(state_dir, "up", "--gpus", "1", "--max-elastic", "1", "--no-dashboard")
+        assert up.returncode == 0, up.stderr
+        info = ClusterInfo.from_json(state_file.read_text())
+        assert f"export RAY_ADDRESS={info.address}" in up.stdout and "RAY_AUTH_MODE=disabled" in up.stdout
+        pids = ElasticCluster.attach(info).pids()
+        assert info.head_pid in pids
+
+        again = _cli(state_dir, "up", "--no-dashboard")
+        assert again.returncode == 1 and "already up" in again.stderr
+
+        status = _cli(state_dir, "status", "--json")
+        assert status.returncode == 0, status.stderr
+        nodes = json.loads(status.stdout)["nodes"]
+        assert [n["total"]["stable_gpu"] for n in nodes if n["is_head"]] == [1.0]
+
+        down = _cli(state_dir, "down")
+        assert down.returncode == 0, down.stderr
+        assert not state_file.exists()
+        assert _survivors(pids) == []
+        assert _cli(state_dir, "status").returncode == 1
+    finally:
+        if state_file.exists():  # never leak a detached cluster, whatever failed above
+            stop_cluster(ClusterInfo.from_json(state_file.read_text()), timeout=15)
