@@ -116,6 +116,8 @@ class TrainArgs:
     rollout_top_k: int = -1
     max_staleness: int = 1
     sglang_mem_fraction_static: float | None = None
+    rollout_backend: str = "auto"
+    engine_host: str = "auto"
     sglang_passthrough: tuple[tuple[str, tuple[str, ...]], ...] = ()
     # Training
     global_batch_size: int | None = None
@@ -420,6 +422,11 @@ def _add_rollout_flags(group: argparse._ArgumentGroup) -> None:
                        help="max weight versions a rollout may lag the trainer; 0 = on-policy (default 1)")
     group.add_argument("--sglang-mem-fraction-static", type=_fraction, metavar="F",
                        help="fraction of GPU memory for weights and KV cache")
+    group.add_argument("--rollout-backend", choices=["auto", "sglang", "builtin"], default="auto",
+                       help="engine server: SGLang, Relax's built-in engine, or auto (SGLang when installed)")
+    group.add_argument("--engine-host", default="auto", metavar="HOST",
+                       help="address engines bind: auto (loopback on one machine, the node IP across nodes), "
+                            "node, or an explicit IP")
 
 
 def _add_training_flags(group: argparse._ArgumentGroup) -> None:

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from relax.autoscaler.config import load_autoscaler_config
 from relax.config.flags import ConfigError, TrainArgs, fail, parse_args_or_exit
-from relax.config.plan import Plan, format_plan, plan_from_args, validate_paths, validate_plan_against_cluster
+from relax.config.plan import Plan, build_plan, format_plan, validate_paths, validate_plan_against_cluster
 from relax.logs import setup_logging
 
 log = logging.getLogger("relax.train")
@@ -136,6 +137,10 @@ class Driver:
             partial_success_policy=a.scale_out_partial_success_policy.value,
             scale_in_drain_timeout_s=a.scale_in_drain_timeout,
             scale_in_shutdown_timeout_s=a.scale_in_shutdown_timeout,
+            backend=a.rollout_backend,
+            engine_host=a.engine_host,
+            sglang_mem_fraction_static=a.sglang_mem_fraction_static,
+            sglang_extra_args=tuple(a.sglang_extra_args),
         )
 
     def _start(self) -> int:
@@ -383,7 +388,8 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging()
     args = parse_args_or_exit(argv)
     try:
-        plan = plan_from_args(args, os.environ)
+        autoscaler = load_autoscaler_config(args.autoscaler_config) if args.autoscaler_config else None
+        plan = build_plan(args, os.environ, autoscaler=autoscaler)
     except ConfigError as exc:
         fail(exc)
     if args.dry_run:

@@ -66,14 +66,14 @@ OPEN_PATHS = frozenset({"/health"})
 MAX_EVENTS_LIMIT = 10_000
 
 
-def envelope(body: Any, http_status: int = 200) -> Envelope:
-    """Build a backend answer; the RolloutManager uses this on its side of the Ray boundary."""
+def envelope(http_status: int, body: Any) -> Envelope:
+    """Build a backend answer (same argument order as the RolloutManager's helper in ``rollout.elastic``)."""
     return {"http_status": int(http_status), "body": body}
 
 
 def error_envelope(error: RequestError) -> Envelope:
     """A :class:`RequestError` as an envelope: its HTTP status and ``{"detail", "field", ...}`` body."""
-    return envelope(error.to_dict(), error.http_status)
+    return envelope(error.http_status, error.to_dict())
 
 
 def unwrap_envelope(value: Any) -> tuple[int, Any]:

@@ -73,9 +73,9 @@ class RayBackend:
             ref = getattr(self._handle, method).remote(*args)
             result = await asyncio.wait_for(_await_ref(ref), timeout=self._timeout)
         except asyncio.TimeoutError:
-            return envelope({"detail": f"the rollout manager did not answer {method} within {self._timeout:g}s"}, 504)
+            return envelope(504, {"detail": f"the rollout manager did not answer {method} within {self._timeout:g}s"})
         except (RayActorError, ActorUnavailableError) as exc:
-            return envelope({"detail": f"the rollout manager is unavailable: {_first_line(exc)}"}, 503)
+            return envelope(503, {"detail": f"the rollout manager is unavailable: {_first_line(exc)}"})
         except RayTaskError as exc:
             cause = getattr(exc, "cause", None)
             if isinstance(cause, RequestError):
@@ -83,9 +83,9 @@ class RayBackend:
             log.error("rollout manager %s raised: %s", method, exc)
             shown = cause if cause is not None else exc
             detail = f"internal error in {method}: {type(shown).__name__}: {_first_line(shown)}"
-            return envelope({"detail": detail}, 500)
+            return envelope(500, {"detail": detail})
         status, body = unwrap_envelope(result)
-        return envelope(body, status)
+        return envelope(status, body)
 
     async def engines_view(self, model_name: str | None) -> Envelope:
         return await self._call("engines_view", model_name)
@@ -109,10 +109,20 @@ class RayBackend:
         return await self._call("cancel_scale_out_batch", body)
 
     async def events(self, limit: int, kind: str | None) -> Envelope:
-        return await self._call("events", limit, kind)
+        # The RolloutManager keeps its EventLog in ``self.events``, so its method is named ``events_view``;
+        # ``events`` is accepted too for backends without that attribute clash.
+        method = "events_view" if _has_method(self._handle, "events_view") else "events"
+        return await self._call(method, limit, kind)
 
     async def relax_status(self) -> Envelope:
         return await self._call("relax_status")
+
+
+def _has_method(handle: Any, name: str) -> bool:
+    try:
+        return callable(getattr(handle, name).remote)
+    except AttributeError:
+        return False
 
 
 async def _await_ref(ref: Any) -> Any:
@@ -133,7 +143,7 @@ def _enveloped(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable
     @functools.wraps(method)
     async def wrapper(*args: Any, **kwargs: Any) -> Envelope:
         try:
-            return envelope(await method(*args, **kwargs))
+            return envelope(200, await method(*args, **kwargs))
         except RequestError as exc:
             return error_envelope(exc)
 

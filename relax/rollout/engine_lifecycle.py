@@ -20,6 +20,7 @@ import ray
 
 from relax.engines.client import EngineClient, EngineError
 from relax.engines.launcher import BuiltinOptions
+from relax.engines.sglang import SGLangOptions
 from relax.rollout.events import EventKind
 from relax.rollout.pool import EngineKind, EngineState
 
@@ -88,12 +89,30 @@ class EngineLifecycle:
         from relax.engines.actor import spawn_engine_actor
 
         me = ray.get_runtime_context().current_actor
+        backend = resolve_backend(self.cfg.backend)
+        options: BuiltinOptions | SGLangOptions
+        if backend == "sglang":
+            options = SGLangOptions(
+                tp_size=self.cfg.gpus_per_engine,
+                mem_fraction_static=self.cfg.sglang_mem_fraction_static,
+                extra_args=self.cfg.sglang_extra_args,
+            )
+        else:
+            options = BuiltinOptions(max_running_requests=self.cfg.max_running_requests, num_threads=1)
         actor = spawn_engine_actor(
-            engine_id, self.cfg.backend, self.cfg.model_path,
-            placement_group=slot.placement_group, bundle_index=slot.bundle_index, num_gpus=1, num_cpus=1,
+            engine_id,
+            backend,
+            self.cfg.model_path,
+            placement_group=slot.placement_group,
+            bundle_index=slot.bundle_index,
+            num_gpus=1,
+            num_cpus=1,
             weight_version=0,
-            options=BuiltinOptions(max_running_requests=self.cfg.max_running_requests, num_threads=1),
-            log_dir=self.cfg.engine_log_dir, env=self.cfg.engine_env, on_eviction=(me, "notify_eviction"),
+            options=options,
+            host=resolve_engine_host(self.cfg.engine_host),
+            log_dir=self.cfg.engine_log_dir,
+            env=self.cfg.engine_env,
+            on_eviction=(me, "notify_eviction"),
         )
         self._actors[engine_id] = actor
         return await actor.start.remote()
@@ -107,8 +126,11 @@ class EngineLifecycle:
         record = self.pool.get(engine_id)
         cancelled = engine_id in self._cancelled_engines
         if not record.state.terminal:
-            target = EngineState.REMOVED if cancelled and record.state.can_transition_to(EngineState.REMOVED) \
+            target = (
+                EngineState.REMOVED
+                if cancelled and record.state.can_transition_to(EngineState.REMOVED)
                 else EngineState.FAILED
+            )
             reason = _describe_failure(exc, record.state)
             self.pool.transition(engine_id, target, error=None if cancelled else reason)
         else:
@@ -145,8 +167,15 @@ class EngineLifecycle:
         await asyncio.to_thread(cleanup_old, root, 1)
 
     # ------------------------------------------------------------------ taking engines out
-    async def _retire(self: RolloutManager, engine_id: str, *, force: bool, drain_timeout_s: float,
-                      shutdown_timeout_s: float, reason: str) -> int:
+    async def _retire(
+        self: RolloutManager,
+        engine_id: str,
+        *,
+        force: bool,
+        drain_timeout_s: float,
+        shutdown_timeout_s: float,
+        reason: str,
+    ) -> int:
         """Drain (real: wait for in-flight requests), then remove. Returns how many requests were aborted
         and retried elsewhere. Safe to call on an engine in any live state."""
         record = self.pool.get(engine_id)
@@ -167,8 +196,11 @@ class EngineLifecycle:
             if client is not None:
                 with contextlib.suppress(EngineError):
                     await client.abort_request(abort_all=True)
-            self.events.append(EventKind.REQUESTS_RETRIED, f"{left} in-flight request(s) aborted and retried "
-                               f"on other engines ({reason})", engine_ids=engine_id)
+            self.events.append(
+                EventKind.REQUESTS_RETRIED,
+                f"{left} in-flight request(s) aborted and retried on other engines ({reason})",
+                engine_ids=engine_id,
+            )
             await self._wait_drained(engine_id, max(5.0, self.cfg.request_timeout_s))
         await self._release_resources(engine_id, grace_s=shutdown_timeout_s)
         record = self.pool.get(engine_id)
@@ -228,8 +260,11 @@ class EngineLifecycle:
         self.pool.transition(engine_id, EngineState.FAILED, error=str(exc)[:500])
         self._state_changed.set()
         self.events.append(EventKind.ENGINE_FAILED, str(exc)[:500], engine_ids=engine_id)
-        log.warning("%s failed (%s); out of routing, its requests are retried elsewhere", engine_id,
-                    str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        log.warning(
+            "%s failed (%s); out of routing, its requests are retried elsewhere",
+            engine_id,
+            str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+        )
         if not self.router.routable():
             self._routable.clear()
         self._spawn_background(self._after_failure(engine_id))
@@ -240,8 +275,11 @@ class EngineLifecycle:
         await self._release_resources(engine_id, grace_s=2.0)
         if record.kind is EngineKind.INITIAL and slot is not None and not self._shutting_down:
             replacement = self.pool.add(EngineKind.INITIAL, bundle=record.bundle)
-            self.events.append(EventKind.ENGINE_RESTARTED, f"{replacement.engine_id} replaces {engine_id} in its "
-                               "bundle", engine_ids=(engine_id, replacement.engine_id))
+            self.events.append(
+                EventKind.ENGINE_RESTARTED,
+                f"{replacement.engine_id} replaces {engine_id} in its bundle",
+                engine_ids=(engine_id, replacement.engine_id),
+            )
             log.warning("%s replaces failed initial engine %s in its own bundle", replacement.engine_id, engine_id)
             try:
                 await self._bring_up(replacement.engine_id, EngineSlot(slot.placement_group, slot.bundle_index))
@@ -258,14 +296,23 @@ class EngineLifecycle:
         if record.state is EngineState.DRAINING:  # already leaving (scale-in): that path finishes the job
             return
         slot = self._slots.get(engine_id)
-        aborted = await self._retire(engine_id, force=False, drain_timeout_s=self.cfg.scale_in_drain_timeout_s,
-                                     shutdown_timeout_s=self.cfg.scale_in_shutdown_timeout_s, reason="evicted")
-        self.events.append(EventKind.ENGINE_STATE, f"evicted engine removed ({aborted} request(s) retried)",
-                           engine_ids=engine_id)
+        aborted = await self._retire(
+            engine_id,
+            force=False,
+            drain_timeout_s=self.cfg.scale_in_drain_timeout_s,
+            shutdown_timeout_s=self.cfg.scale_in_shutdown_timeout_s,
+            reason="evicted",
+        )
+        self.events.append(
+            EventKind.ENGINE_STATE, f"evicted engine removed ({aborted} request(s) retried)", engine_ids=engine_id
+        )
         if record.kind is EngineKind.INITIAL and slot is not None and not self._shutting_down:
             replacement = self.pool.add(EngineKind.INITIAL, bundle=record.bundle)
-            self.events.append(EventKind.ENGINE_RESTARTED, f"{replacement.engine_id} replaces evicted {engine_id}",
-                               engine_ids=(engine_id, replacement.engine_id))
+            self.events.append(
+                EventKind.ENGINE_RESTARTED,
+                f"{replacement.engine_id} replaces evicted {engine_id}",
+                engine_ids=(engine_id, replacement.engine_id),
+            )
             with contextlib.suppress(Exception):
                 await self._bring_up(replacement.engine_id, EngineSlot(slot.placement_group, slot.bundle_index))
 
@@ -287,6 +334,23 @@ class EngineLifecycle:
         task = asyncio.create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+
+def resolve_backend(backend: str) -> str:
+    """`auto` = SGLang when it is installed here (looked up, never imported), else the built-in engine."""
+    if backend != "auto":
+        return backend
+    import importlib.util
+
+    return "sglang" if importlib.util.find_spec("sglang") is not None else "builtin"
+
+
+def resolve_engine_host(host: str) -> str:
+    """`auto` = loopback while every Ray node shares one address (one machine), else the node's IP."""
+    if host != "auto":
+        return host
+    addresses = {n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive")}
+    return "127.0.0.1" if len(addresses) <= 1 else "node"
 
 
 def _describe_failure(exc: BaseException, state: EngineState) -> str:

@@ -48,7 +48,7 @@ class ManagerConfig:
     rollout_batch_size: int
     sampling: SamplingSettings
     max_staleness: int = 1
-    backend: str = "builtin"
+    backend: str = "auto"
     input_key: str = "prompt"
     label_key: str = "label"
     apply_chat_template: bool = False
@@ -71,6 +71,9 @@ class ManagerConfig:
     scale_in_drain_timeout_s: float = 30.0
     scale_in_shutdown_timeout_s: float = 30.0
     health_timeout_s: float = 120.0
+    engine_host: str = "auto"
+    sglang_mem_fraction_static: float | None = None
+    sglang_extra_args: tuple[str, ...] = ()
 
 
 @dataclass

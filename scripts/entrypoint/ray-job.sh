@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Launch a Relax run script as a Ray job.
+#
+#   bash scripts/entrypoint/ray-job.sh <run-script> [args passed to the run script]
+#
+# Environment (see examples/elastic_rollout/README.md):
+#   RAY_DASHBOARD_ADDRESS  Ray dashboard / job server (default http://127.0.0.1:8265)
+#   RAY_ADDRESS            Ray GCS address, forwarded to the job (optional: the job server's cluster is used)
+#   MODEL_DIR DATA_DIR EXP_DIR   input/output roots used by the run script
+#   AUTOSCALER_CONFIG      autoscaler YAML (run scripts pass --autoscaler-config "$AUTOSCALER_CONFIG")
+#   WORKING_DIR            uploaded as the job's working directory (e.g. ./ from the repository root)
+#   RAY_NO_WAIT=1          submit and return instead of following the job's logs
+#   ENABLE_AFFINITY=0      no node-group markers on the baseline (plain Ray clusters)
+#   RELAX_INITIAL_NODE_GROUP  marker prefix of the stable node group (default: stable)
+#   RELAX_STOP_STALE_JOBS=1   stop this run script's own earlier jobs that are still running
+#
+# It checks the dashboard and the run script's input paths before anything is submitted. It only ever
+# touches jobs it submitted itself (submission ids relax-<run-script-name>-...), never other tenants'.
+set -euo pipefail
+
+die() { echo "ray-job.sh: error: $*" >&2; exit 2; }
+
+[[ $# -ge 1 ]] || die "usage: bash scripts/entrypoint/ray-job.sh <run-script> [args]"
+RUN_SCRIPT=$1; shift
+[[ -f "$RUN_SCRIPT" ]] || die "run script '$RUN_SCRIPT' not found (run from the repository root?)"
+
+export RAY_DASHBOARD_ADDRESS=${RAY_DASHBOARD_ADDRESS:-http://127.0.0.1:8265}
+export RELAX_INITIAL_NODE_GROUP=${RELAX_INITIAL_NODE_GROUP:-stable}
+export ENABLE_AFFINITY=${ENABLE_AFFINITY:-1}
+export RAY_AUTH_MODE=${RAY_AUTH_MODE:-disabled}
+PYTHON=${PYTHON:-python3}
+RAY=${RAY:-ray}
+command -v "$RAY" >/dev/null 2>&1 || die "the 'ray' command is not on PATH (activate the environment with Ray installed)"
+
+# --- the dashboard must answer: a job cannot be submitted otherwise -----------------------------------
+if ! "$PYTHON" - "$RAY_DASHBOARD_ADDRESS" <<'PY' >/dev/null 2>&1
+import sys, urllib.request
+urllib.request.urlopen(sys.argv[1].rstrip("/") + "/api/version", timeout=5).read()
+PY
+then
+  die "the Ray dashboard at $RAY_DASHBOARD_ADDRESS does not answer. Start the cluster with its dashboard \
+(ray start --head --include-dashboard=true, or 'relax cluster up' locally) or set RAY_DASHBOARD_ADDRESS."
+fi
+
+# --- helpers for run scripts ------------------------------------------------------------------------------
+RELAX_RUN_NAME=$(basename "$RUN_SCRIPT" .sh)
+export RELAX_RUN_NAME
+
+relax_require_path() {
+  # relax_require_path PATH [what]: fail before submitting when an input is missing.
+  [[ -e "$1" ]] || { echo "ray-job.sh: error: ${2:-input} '$1' does not exist" >&2; exit 2; }
+}
+
+relax_affinity_args() {
+  # --no-enable-affinity when ENABLE_AFFINITY=0 (plain Ray clusters without marker resources).
+  if [[ "${ENABLE_AFFINITY}" == "0" ]]; then echo "--no-enable-affinity"; fi
+}
+
+relax_stop_stale_jobs() {
+  [[ "${RELAX_STOP_STALE_JOBS:-0}" == "1" ]] || return 0
+  "$PYTHON" - "$RAY_DASHBOARD_ADDRESS" "relax-${RELAX_RUN_NAME}-" <<'PY'
+import sys
+from ray.job_submission import JobStatus, JobSubmissionClient
+client = JobSubmissionClient(sys.argv[1])
+for job in client.list_jobs():
+    if (job.submission_id or "").startswith(sys.argv[2]) and job.status in (JobStatus.PENDING, JobStatus.RUNNING):
+        print(f"ray-job.sh: stopping stale job {job.submission_id}")
+        client.stop_job(job.submission_id)
+PY
+}
+
+relax_submit() {
+  # relax_submit [train flags...]: submit python3 -m relax.entrypoints.train with these flags as a Ray job.
+  relax_stop_stale_jobs
+  local submission_id="relax-${RELAX_RUN_NAME}-$(date +%Y%m%d-%H%M%S)-$$"
+  local env_json
+  env_json=$("$PYTHON" - <<'PY'
+import json, os
+keep = ["RELAX_INITIAL_NODE_GROUP", "RELAX_API_TOKEN", "RAY_AUTH_MODE", "ENABLE_AFFINITY", "HF_HUB_OFFLINE",
+        "OMP_NUM_THREADS", "TOKENIZERS_PARALLELISM"]
+env = {k: os.environ[k] for k in keep if k in os.environ}
+env.setdefault("TOKENIZERS_PARALLELISM", "false")
+runtime = {"env_vars": env}
+if os.environ.get("WORKING_DIR"):
+    runtime["excludes"] = [".git", ".venv", "outputs", "runs", "*.safetensors", "benchmarks/results"]
+print(json.dumps(runtime))
+PY
+)
+  local args=(job submit --address "$RAY_DASHBOARD_ADDRESS" --submission-id "$submission_id"
+              --runtime-env-json "$env_json")
+  [[ -n "${WORKING_DIR:-}" ]] && args+=(--working-dir "$WORKING_DIR")
+  [[ "${RAY_NO_WAIT:-0}" == "1" ]] && args+=(--no-wait)
+  echo "ray-job.sh: submitting $submission_id to $RAY_DASHBOARD_ADDRESS"
+  "$RAY" "${args[@]}" -- python3 -m relax.entrypoints.train "$@"
+}
+
+export -f relax_require_path relax_affinity_args relax_stop_stale_jobs relax_submit die
+export PYTHON RAY
+bash "$RUN_SCRIPT" "$@"
