@@ -1,4 +1,4 @@
-"""The `relax` command: one entry point for presets, engines, demos and (later) the cluster tools.
+"""The `relax` command: presets, engines, the demo, the elastic pool's clients and the local cluster.
 
 Heavy imports (torch, transformers, ray) happen inside the sub-commands so `relax --help` is fast.
 """
@@ -86,6 +86,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--served-model-name", default=None)
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.set_defaults(func=_cmd_engine_serve)
+
+    from relax.client_cli import add_client_parsers
+    from relax.cluster.cli import add_cluster_parser
+
+    add_client_parsers(sub)
+    add_cluster_parser(sub)
 
     demo = sub.add_parser("demo", help="run the end-to-end demo on the tiny preset")
     demo.add_argument("--workdir", default="outputs/demo")

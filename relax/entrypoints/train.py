@@ -82,6 +82,7 @@ class Driver:
         self.groups: list[Any] = []
         self.manager: Any = None
         self.trainer: Any = None
+        self.control_plane: Any = None
 
     # ------------------------------------------------------------------ setup
     def _install_signals(self) -> None:
@@ -148,6 +149,7 @@ class Driver:
 
         from relax.cluster.connect import connect
         from relax.cluster.placement import create_groups
+        from relax.rollout.control_plane import spawn_control_plane
         from relax.rollout.manager import RolloutManager
         from relax.training.actor import TrainerConfig
         from relax.training.group import TrainerGroup
@@ -182,7 +184,16 @@ class Driver:
         engine_bundles = [(g, 0) for g in self.groups[1:]]
         engines = ray.get(self.manager.start_initial_engines.remote(engine_bundles))
         log.info("%d initial engine(s) ACTIVE: %s", len(engines), ", ".join(e["engine_id"] for e in engines))
+        self.control_plane, url = spawn_control_plane(
+            self.manager, self.args.api_host, self.args.api_port, os.environ.get("RELAX_API_TOKEN") or None,
+            self.plan.control_plane_options() or None, autoscaler_factory=self._autoscaler_factory(),
+        )
+        log.info("control plane at %s (REST: %s/rollout/engines, metrics: %s/metrics)", url, url, url)
         return 0
+
+    def _autoscaler_factory(self) -> Any:
+        """Built inside the control-plane actor: the autoscaler runs beside the REST API (DESIGN 2)."""
+        return None
 
     # ------------------------------------------------------------------ loop
     def _publish(self, version: int) -> float:
@@ -363,6 +374,12 @@ class Driver:
 
         from relax.cluster.placement import remove_groups
 
+        if self.control_plane is not None:
+            try:
+                ray.get(self.control_plane.stop.remote(), timeout=30)
+            except Exception as exc:
+                log.warning("control plane shutdown: %s", exc)
+            ray.kill(self.control_plane, no_restart=True)
         if self.manager is not None:
             try:
                 ray.get(self.manager.shutdown.remote(), timeout=60)

@@ -67,6 +67,7 @@ class EventLog:
         self._clock = clock
         self._events: deque[Event] = deque(maxlen=capacity)
         self._next_seq = 0
+        self._counts: dict[EventKind, int] = {}
 
     @property
     def capacity(self) -> int:
@@ -76,6 +77,10 @@ class EventLog:
     def total(self) -> int:
         """Events ever appended, dropped ones included."""
         return self._next_seq
+
+    def counts(self) -> dict[str, int]:
+        """Events ever appended per kind (a monotonic counter: dropped events still count)."""
+        return {kind.value: n for kind, n in self._counts.items()}
 
     @property
     def dropped(self) -> int:
@@ -105,6 +110,7 @@ class EventLog:
             details=dict(details or {}),
         )
         self._next_seq += 1
+        self._counts[event.kind] = self._counts.get(event.kind, 0) + 1
         self._events.append(event)
         return event
 

@@ -399,9 +399,6 @@ class RolloutManager(EngineLifecycle, ElasticScaling):
 
     async def relax_status(self) -> dict[str, Any]:
         counts = {state.value: n for state, n in self.pool.counts().items()}
-        kinds: dict[str, int] = {}
-        for event in self.events.newest(None):
-            kinds[event.kind.value] = kinds.get(event.kind.value, 0) + 1
         return envelope(200, {
             "engines_by_state": counts,
             "training_step": self._training.get("step", 0),
@@ -413,7 +410,7 @@ class RolloutManager(EngineLifecycle, ElasticScaling):
             "staleness_blocked_fraction": self.gate.blocked_fraction(),
             "buffer_waiting_partitions": self.buffer.num_waiting_partitions(),
             "tokens_generated": self._tokens_generated,
-            "scale_events_total": kinds,
+            "scale_events_total": self.events.counts(),
             "initial_engines": self.initial_count,
             "scale_request_running": (r.request_id if (r := self.scale_requests.running()) else None),
         })

@@ -128,3 +128,12 @@ def test_pool_transitions_feed_the_log() -> None:
     pool.transition(engine_id, EngineState.FAILED, error="OOM")
     assert [e.message for e in log.newest(engine_id=engine_id)] == ["STARTING -> FAILED", "PENDING -> STARTING"]
     assert log.newest(1)[0].kind is EventKind.ENGINE_FAILED and log.newest(1)[0].details == {"error": "OOM"}
+
+
+def test_counts_are_monotonic_even_when_events_are_dropped() -> None:
+    log = EventLog(capacity=2)
+    for _ in range(5):
+        log.append(EventKind.ENGINE_FAILED)
+    log.append(EventKind.SCALE_COMPLETED)
+    assert len(log) == 2
+    assert log.counts() == {"engine_failed": 5, "scale_completed": 1}

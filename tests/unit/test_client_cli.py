@@ -1,0 +1,273 @@
+"""``relax engines | scale-out | scale-in | events`` against a real control plane on 127.0.0.1.
+
+One :class:`ControlPlane` (uvicorn on a real socket, token on) serves a :class:`LocalBackend` from a
+background thread for the whole module; the CLI talks to it over HTTP exactly as an operator would. Tests
+that change the pool put it back, so they do not depend on their order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from relax import client_cli
+from relax.rollout.control_plane import ControlPlane, LocalBackend
+
+TOKEN = "cli-test-token"
+
+
+class Server:
+    """A control plane served from its own event loop thread (the CLI under test blocks the caller)."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="control-plane", daemon=True)
+        self.thread.start()
+        self.backend = LocalBackend(initial_engines=2, step_delay_s=0.02)
+        self.plane = ControlPlane(self.backend, "127.0.0.1", 0, TOKEN)
+        self.url = self.call(self.plane.start())
+
+    def call(self, coro: Any, timeout: float = 30.0) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def wait_idle(self) -> None:
+        self.call(self.backend.wait_idle())
+
+    def close(self) -> None:
+        self.call(self.plane.stop())
+        self.call(self.backend.aclose())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+        self.loop.close()
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    srv = Server()
+    yield srv
+    srv.close()
+
+
+@pytest.fixture
+def relax(server, monkeypatch, capsys):
+    """Run a client command against the server; returns ``(exit code, stdout, stderr)``."""
+    monkeypatch.setenv("RELAX_API_TOKEN", TOKEN)
+    monkeypatch.delenv("RELAX_API_URL", raising=False)
+
+    def run(*argv: str, url: str | None = None) -> tuple[int, str, str]:
+        capsys.readouterr()
+        code = client_cli.main([*argv, "--url", url or server.url])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run
+
+
+@pytest.fixture
+def restore_pool(server, relax):
+    """Put the pool back to its two initial engines after a test that scaled it."""
+    yield
+    server.backend.paused = False
+    server.wait_idle()
+    code, _, err = relax("scale-in", "2", "--wait", "--poll-interval", "0.05")
+    assert code == 0, err
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# -- parsers ------------------------------------------------------------------------------------------
+
+
+def test_add_client_parsers_registers_the_four_commands():
+    parser = argparse.ArgumentParser(prog="relax")
+    client_cli.add_client_parsers(parser.add_subparsers(dest="command"))
+    for argv in (["engines"], ["scale-out", "6"], ["scale-in", "4", "--force", "--dry-run"], ["events"]):
+        args = parser.parse_args(argv)
+        assert callable(args.func), argv
+    args = parser.parse_args(["scale-out", "--urls", "http://a:1", "http://b:2", "--timeout", "60", "--wait"])
+    assert args.urls == ["http://a:1", "http://b:2"] and args.timeout == 60.0 and args.wait
+    assert parser.parse_args(["events"]).limit == 20
+
+
+def test_usage_errors_exit_2(relax, capsys):
+    assert client_cli.main(["scale-out", "six"]) == 2
+    assert "invalid int value" in capsys.readouterr().err
+    code, _, err = relax("scale-out")
+    assert code == 2 and "give N" in err
+    assert client_cli.main(["--help"]) == 0
+
+
+# -- engines ------------------------------------------------------------------------------------------
+
+
+def test_engines_table(relax):
+    code, out, err = relax("engines")
+    assert code == 0, err
+    for text in ("ENGINE", "engine_0", "engine_1", "initial", "ACTIVE", "http://127.0.0.1:30000", "v0",
+                 "node-stable-0", "IN-FLIGHT"):
+        assert text in out, text
+    assert "2 engine(s), 2 active" in out
+
+
+def test_engines_json(relax):
+    code, out, _ = relax("engines", "--json")
+    assert code == 0
+    assert json.loads(out)["total_engines"] == 2
+
+
+def test_url_from_environment(server, monkeypatch, capsys):
+    monkeypatch.setenv("RELAX_API_TOKEN", TOKEN)
+    monkeypatch.setenv("RELAX_API_URL", server.url + "/")
+    assert client_cli.main(["engines"]) == 0
+    assert "engine_0" in capsys.readouterr().out
+
+
+# -- errors ---------------------------------------------------------------------------------------------
+
+
+def test_unreachable_url_is_one_line_exit_1(relax):
+    code, out, err = relax("engines", url=f"http://127.0.0.1:{_free_port()}")
+    assert code == 1 and out == ""
+    assert err.startswith("relax engines: cannot reach the Relax control plane at http://127.0.0.1:")
+    assert "RELAX_API_URL" in err and len(err.strip().splitlines()) == 1
+
+
+def test_bad_url_exit_2(relax):
+    code, _, err = relax("engines", url="127.0.0.1:8000")
+    assert code == 2 and "http://" in err
+
+
+def test_missing_and_wrong_token_401(relax, monkeypatch):
+    monkeypatch.delenv("RELAX_API_TOKEN")
+    code, _, err = relax("engines")
+    assert code == 2 and "401" in err and "set RELAX_API_TOKEN" in err
+    monkeypatch.setenv("RELAX_API_TOKEN", "nope")
+    code, _, err = relax("events")
+    assert code == 2 and "RELAX_API_TOKEN was rejected" in err
+
+
+def test_not_a_control_plane_url(relax, server):
+    code, _, err = relax("engines", url=server.url + "/autoscaler")
+    assert code == 2 and "not a route" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (("scale-in", "1"), "400: num_replicas: 1 is below the initial engine count 2"),
+        (("scale-out", "1"), "400: num_replicas: 1 is below the initial engine count 2"),
+        (("scale-in", "-1"), "422: num_replicas: input should be greater than or equal to 0"),
+        (("scale-out", "--urls", "http://10.0.0.1:30000/generate"), "422: engine_urls.0: engine URL"),
+        (("scale-out", "4", "--urls", "http://10.0.0.1:30000"), "not both"),
+        (("scale-out", "4", "--model-name", "llama"), "404: model_name: unknown model 'llama'"),
+        (("scale-out", "--show", "so-999"), "404: unknown scale_out request id 'so-999'"),
+        (("events", "--limit", "0"), "422: limit"),
+        (("events", "--kind", "bogus"), "422: kind"),
+    ],
+)
+def test_4xx_details_are_shown_with_exit_2(relax, server, argv, words):
+    code, out, err = relax(*argv)
+    assert code == 2, (out, err)
+    assert err.startswith(f"relax {argv[0]}: ") and words in err, err
+    assert server.backend.registry.running() is None
+
+
+# -- scale-out / scale-in ---------------------------------------------------------------------------------
+
+
+def test_scale_out_wait_then_scale_in_wait(relax, server, restore_pool):
+    code, out, err = relax("scale-out", "4", "--wait", "--poll-interval", "0.05")
+    assert code == 0, err
+    assert "accepted" in out and "ACTIVE" in out
+    request_id = out.split("scale-out request ", 1)[1].split()[0]
+    for text in ("ray_native", "target 4 (from 2)", "PLACEMENT", "WEIGHTS", "HEALTH_CHECKING"):
+        assert text in out, text
+
+    code, out, _ = relax("scale-out", "--list")
+    assert code == 0 and request_id in out and "ACTIVE" in out
+
+    code, out, _ = relax("scale-in", "3", "--dry-run")
+    assert code == 0 and "dry run" in out and "would remove" in out
+    newest = max(e["engine_id"] for e in server.backend.pool.to_dict()["engines"])
+    assert newest in out
+
+    code, out, err = relax("scale-in", "2", "--wait", "--poll-interval", "0.05")
+    assert code == 0, err
+    assert "COMPLETED" in out and "DRAIN" in out and "SHUTDOWN" in out
+
+
+def test_scale_out_accepted_without_wait_then_show(relax, server, restore_pool):
+    code, out, _ = relax("scale-out", "3")
+    assert code == 0 and "accepted" in out and "--show" in out
+    request_id = out.split("scale-out request ", 1)[1].split()[0]
+    server.wait_idle()
+    code, out, _ = relax("scale-out", "--show", request_id, "--json")
+    assert code == 0 and json.loads(out)["status"] == "ACTIVE"
+
+
+def test_noop_exits_0(relax):
+    code, out, _ = relax("scale-out", "2")
+    assert code == 0 and "NOOP" in out and "already met" in out
+
+
+def test_409_conflict_then_cancel(relax, server, restore_pool):
+    server.backend.paused = True
+    code, out, _ = relax("scale-out", "4")
+    assert code == 0
+    running = out.split("scale-out request ", 1)[1].split()[0]
+
+    code, _, err = relax("scale-out", "5")
+    assert code == 1 and "409 conflict" in err and f"relax scale-out --cancel {running}" in err
+
+    code, out, _ = relax("scale-out", "--cancel", running)
+    assert code == 0 and "cancel requested" in out
+    server.backend.paused = False
+    server.wait_idle()
+    code, out, _ = relax("scale-out", "--show", running)
+    assert code == 0 and "CANCELLED" in out and "cancel requested" in out
+
+
+def test_wait_on_a_failed_scale_out_exits_1(relax, server, restore_pool):
+    server.backend.unreachable_urls.add("http://10.1.2.3:30000")
+    try:
+        code, out, _ = relax("scale-out", "--urls", "http://10.1.2.3:30000", "--wait", "--poll-interval", "0.05")
+    finally:
+        server.backend.unreachable_urls.clear()
+    assert code == 1
+    assert "FAILED" in out and "connection refused" in out
+
+
+# -- events -----------------------------------------------------------------------------------------------
+
+
+def test_events_table_newest_first(relax, server, restore_pool):
+    assert relax("scale-out", "3", "--wait", "--poll-interval", "0.05")[0] == 0
+    code, out, _ = relax("events", "--limit", "3")
+    assert code == 0
+    assert "SEQ" in out and "scale_completed" in out
+    total = server.backend.event_log.total
+    assert f"showing 3 of {total} event(s)" in out
+    seqs = [int(line.split("│")[1]) for line in out.splitlines() if line.startswith("│")]
+    assert seqs == sorted(seqs, reverse=True) and len(seqs) == 3
+
+    code, out, _ = relax("events", "--kind", "scale_out_requested", "--json")
+    assert code == 0 and {e["kind"] for e in json.loads(out)["events"]} == {"scale_out_requested"}
+
+
+def test_wait_with_json_keeps_stdout_parseable(relax, restore_pool):
+    code, out, err = relax("scale-out", "3", "--wait", "--json", "--poll-interval", "0.05")
+    assert code == 0, err
+    record = json.loads(out)
+    assert record["status"] == "ACTIVE" and record["direction"] == "scale_out"
+    assert "accepted" in err  # progress went to stderr

@@ -1,0 +1,610 @@
+"""The control plane's HTTP layer (DESIGN 4): routes, validation messages, auth, /metrics, /openapi.json.
+
+Routes run over ``httpx.ASGITransport`` against :class:`LocalBackend`, the backend contract implemented
+in-process over the real scaling modules (registry, pool, event log), so every answer here is the one a
+run would give, minus Ray. :class:`ControlPlane` is started once on a real socket, and :class:`RayBackend`
+is checked against a fake actor handle for what can go wrong between processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import APIRouter
+from prometheus_client.parser import text_string_to_metric_families
+
+from relax.rollout.api import create_app, envelope, unwrap_envelope
+from relax.rollout.api_models import (
+    CancelBatchResponse,
+    EnginesResponse,
+    ScaleAccepted,
+    ScaleInDryRun,
+    ScaleInRequestView,
+    ScaleNoop,
+    ScaleOutRequestView,
+)
+from relax.rollout.control_plane import ControlPlane, LocalBackend, RayBackend
+from relax.rollout.relax_metrics import render_metrics
+from relax.rollout.scaling import UnknownRequest
+
+TOKEN = "s3cret-token"
+
+
+@pytest.fixture
+async def backend():
+    b = LocalBackend(initial_engines=2)
+    yield b
+    await b.aclose()
+
+
+def _client(app: Any, token: str | None = None) -> httpx.AsyncClient:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://relax", headers=headers)
+
+
+@pytest.fixture
+async def client(backend):
+    async with _client(create_app(backend, token=None)) as c:
+        yield c
+
+
+async def _scale_out_to(client: httpx.AsyncClient, backend: LocalBackend, n: int) -> str:
+    r = await client.post("/rollout/scale_out", json={"num_replicas": n})
+    assert r.status_code == 200, r.text
+    await backend.wait_idle()
+    return r.json()["request_id"]
+
+
+def _nothing_changed(backend: LocalBackend, events_before: int) -> None:
+    assert len(backend.registry) == 0
+    assert backend.event_log.total == events_before
+    assert backend.pool.live_count() == 2
+
+
+# -- engines ----------------------------------------------------------------------------------------
+
+
+async def test_engines_lists_the_pool_in_design_shape(client):
+    r = await client.get("/rollout/engines")
+    assert r.status_code == 200
+    view = EnginesResponse.model_validate(r.json())
+    engines = view.models["default"].engines
+    assert [e.engine_id for e in engines] == ["engine_0", "engine_1"]
+    assert {e.status for e in engines} == {"ACTIVE"} and {e.kind for e in engines} == {"initial"}
+    assert (view.total_engines, view.active_engines) == (2, 2)
+    assert engines[0].url == "http://127.0.0.1:30000" and engines[0].weight_version == 0
+
+
+@pytest.mark.parametrize(
+    ("query", "status", "field"),
+    [("model_name=default", 200, None), ("model_name=llama", 404, "model_name"), ("model_name=", 422, "model_name")],
+)
+async def test_engines_model_filter(client, query, status, field):
+    r = await client.get(f"/rollout/engines?{query}")
+    assert r.status_code == status, r.text
+    if field:
+        assert r.json()["field"] == field and r.json()["detail"].startswith("model_name")
+
+
+# -- scale out --------------------------------------------------------------------------------------
+
+
+async def test_scale_out_accepts_then_reaches_active_with_timings(client, backend):
+    r = await client.post("/rollout/scale_out", json={"num_replicas": 4})
+    assert r.status_code == 200
+    assert ScaleAccepted.model_validate(r.json()) == ScaleAccepted(request_id="so-1", status="PENDING")
+    await backend.wait_idle()
+
+    record = ScaleOutRequestView.model_validate((await client.get("/rollout/scale_out/so-1")).json())
+    assert record.status == "ACTIVE" and record.kind == "ray_native" and record.target == 4
+    assert record.engine_ids == ["engine_2", "engine_3"]
+    assert all(e.total_s is not None and e.state == "ACTIVE" for e in record.engines)
+    assert (await client.get("/rollout/engines")).json()["total_engines"] == 4
+
+    listing = (await client.get("/rollout/scale_out")).json()
+    assert [x["request_id"] for x in listing] == ["so-1"]
+    assert (await client.get("/rollout/scale_out?status=active&model_name=default")).json() == listing
+    assert (await client.get("/rollout/scale_out?status=FAILED")).json() == []
+
+
+async def test_scale_out_to_a_met_target_is_noop(client, backend):
+    r = await client.post("/rollout/scale_out", json={"num_replicas": 2})
+    assert r.status_code == 200
+    noop = ScaleNoop.model_validate(r.json())
+    assert noop.status == "NOOP" and noop.current_engines == 2
+    assert len(backend.registry) == 0
+
+
+async def test_scale_out_attaches_external_urls_idempotently(client, backend):
+    body = {"engine_urls": ["HTTP://10.0.0.9:30000/", "http://10.0.0.9:30000"]}
+    r = await client.post("/rollout/scale_out", json=body)
+    assert r.status_code == 200 and r.json()["status"] == "PENDING"
+    await backend.wait_idle()
+    record = (await client.get(f"/rollout/scale_out/{r.json()['request_id']}")).json()
+    assert record["kind"] == "external" and record["urls"] == ["http://10.0.0.9:30000"]
+    again = await client.post("/rollout/scale_out", json=body)
+    assert again.status_code == 200 and again.json()["status"] == "NOOP"
+
+
+@pytest.mark.parametrize(
+    ("policy", "status", "engines_after"), [("rollback_all", "FAILED", 2), ("keep_partial", "PARTIAL", 3)]
+)
+async def test_partial_success_policy(policy, status, engines_after):
+    backend = LocalBackend(2, partial_success_policy=policy, unreachable_urls={"http://10.0.0.8:30000"})
+    async with _client(create_app(backend, token=None)) as c:
+        body = {"engine_urls": ["http://10.0.0.7:30000", "http://10.0.0.8:30000"]}
+        request_id = (await c.post("/rollout/scale_out", json=body)).json()["request_id"]
+        await backend.wait_idle()
+        record = (await c.get(f"/rollout/scale_out/{request_id}")).json()
+        assert record["status"] == status and "connection refused" in record["error"]
+        assert (await c.get("/rollout/engines")).json()["total_engines"] == engines_after
+    await backend.aclose()
+
+
+async def test_scale_out_below_initial_is_400_naming_num_replicas(client, backend):
+    before = backend.event_log.total
+    r = await client.post("/rollout/scale_out", json={"num_replicas": 1})
+    assert r.status_code == 400
+    assert r.json()["field"] == "num_replicas" and "absolute total" in r.json()["detail"]
+    _nothing_changed(backend, before)
+
+
+async def test_unknown_model_is_404(client):
+    r = await client.post("/rollout/scale_out", json={"model_name": "llama", "num_replicas": 4})
+    assert r.status_code == 404 and r.json()["field"] == "model_name"
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "words"),
+    [
+        ({"num_replicas": "6"}, "num_replicas", "expected an integer, got str '6'"),
+        ({"num_replicas": True}, "num_replicas", "expected an integer"),
+        ({"num_replicas": 6.0}, "num_replicas", "expected an integer"),
+        ({"num_replicas": -1}, "num_replicas", "greater than or equal to 0"),
+        ({"num_replicas": 4, "replicas": 2}, "replicas", "unknown field (allowed: model_name, num_replicas"),
+        ({"num_replicas": 4, "timeout_secs": -5}, "timeout_secs", "greater than 0"),
+        ({"num_replicas": 4, "timeout_secs": "30"}, "timeout_secs", "expected a number"),
+        ({"engine_urls": ["http://10.0.0.1:30000/generate"]}, "engine_urls.0", "without path"),
+        ({"engine_urls": ["10.0.0.1:30000"]}, "engine_urls.0", "http or https"),
+        ({"engine_urls": ["http://10.0.0.1"]}, "engine_urls.0", "explicit port"),
+        ({"engine_urls": "http://10.0.0.1:30000"}, "engine_urls", "expected a list"),
+        ({"num_replicas": 4, "engine_urls": ["http://10.0.0.1:30000"]}, "engine_urls", "not both"),
+        ({}, "engine_urls", "nothing to scale out"),
+        ({"model_name": 3, "num_replicas": 4}, "model_name", "expected a string"),
+    ],
+)
+async def test_scale_out_bad_bodies_are_422_naming_the_field_and_change_nothing(client, backend, body, field, words):
+    before = backend.event_log.total
+    r = await client.post("/rollout/scale_out", json=body)
+    assert r.status_code == 422, r.text
+    answer = r.json()
+    assert answer["field"] == field
+    assert answer["detail"].startswith(f"{field}: ") and words in answer["detail"], answer["detail"]
+    assert answer["errors"][0]["field"] == field
+    _nothing_changed(backend, before)
+
+
+@pytest.mark.parametrize(
+    ("content", "headers", "status", "words"),
+    [
+        (b'{"num_replicas": 4', {"content-type": "application/json"}, 400, "body: invalid JSON"),
+        (b"[4]", {"content-type": "application/json"}, 422, "body: expected a JSON object"),
+        (b"", {"content-type": "application/json"}, 422, "body: a JSON object body is required"),
+        (b"num_replicas=4", {"content-type": "application/x-www-form-urlencoded"}, 415, "Content-Type"),
+        (b'{"num_replicas": 4}', {}, 200, ""),  # no Content-Type at all: still read as JSON
+    ],
+)
+async def test_scale_out_malformed_payloads(client, backend, content, headers, status, words):
+    r = await client.post("/rollout/scale_out", content=content, headers=headers)
+    assert r.status_code == status, r.text
+    if status != 200:
+        assert words in r.json()["detail"] and r.json()["field"] == "body"
+        assert len(backend.registry) == 0
+
+
+async def test_one_scale_operation_at_a_time_409_then_sticky_cancel(client, backend):
+    await _scale_out_to(client, backend, 3)
+    backend.paused = True
+    first = (await client.post("/rollout/scale_out", json={"num_replicas": 5})).json()["request_id"]
+    # scale-in to 4: the 2 engines being created count, so removing the one ACTIVE elastic engine is valid
+    for path, body in (("/rollout/scale_out", {"num_replicas": 6}), ("/rollout/scale_in", {"num_replicas": 4})):
+        r = await client.post(path, json=body)
+        assert r.status_code == 409, r.text
+        assert r.json()["running_request_id"] == first and "one scale operation" in r.json()["detail"]
+
+    dry = await client.post("/rollout/scale_in", json={"num_replicas": 4, "dry_run": True})
+    assert dry.status_code == 200  # a dry run changes nothing, so it may run meanwhile
+
+    r = await client.post(f"/rollout/scale_out/{first}/cancel")
+    assert r.status_code == 200 and r.json()["cancel_requested"] is True
+    backend.paused = False
+    await backend.wait_idle()
+    record = (await client.get(f"/rollout/scale_out/{first}")).json()
+    assert record["status"] == "CANCELLED"
+    assert {e["state"] for e in record["engines"]} == {"REMOVED"}
+    assert (await client.get("/rollout/engines")).json()["total_engines"] == 3
+
+    again = await client.post(f"/rollout/scale_out/{first}/cancel")
+    assert again.status_code == 400 and "no longer cancellable" in again.json()["detail"]
+    kinds = [e["kind"] for e in (await client.get("/rollout/events?kind=scale_cancelled")).json()["events"]]
+    assert kinds == ["scale_cancelled"]
+
+
+async def test_cancel_unknown_and_scale_in_ids(client, backend):
+    assert (await client.post("/rollout/scale_out/so-42/cancel")).status_code == 404
+    await _scale_out_to(client, backend, 3)
+    r = await client.post("/rollout/scale_in", json={"num_replicas": 2})
+    await backend.wait_idle()
+    cancel = await client.post(f"/rollout/scale_out/{r.json()['request_id']}/cancel")
+    assert cancel.status_code == 400 and "scale-in" in cancel.json()["detail"]
+
+
+async def test_cancel_batch(client, backend):
+    backend.paused = True
+    running = (await client.post("/rollout/scale_out", json={"num_replicas": 4})).json()["request_id"]
+
+    dry = await client.post("/rollout/scale_out_cancel", json={"dry_run": True})
+    assert CancelBatchResponse.model_validate(dry.json()) == CancelBatchResponse(
+        dry_run=True, cancelled=[running], skipped=[]
+    )
+    assert (await client.get(f"/rollout/scale_out/{running}")).json()["cancel_requested"] is False
+
+    bad = await client.post("/rollout/scale_out_cancel", json={"status_filter": ["BOGUS"]})
+    assert bad.status_code == 400 and bad.json()["field"] == "status_filter"
+    unknown = await client.post("/rollout/scale_out_cancel", json={"status": ["PENDING"]})
+    assert unknown.status_code == 422 and unknown.json()["field"] == "status"
+    wrong = await client.post("/rollout/scale_out_cancel", json={"dry_run": "yes"})
+    assert wrong.status_code == 422 and wrong.json()["field"] == "dry_run"
+
+    done = await client.post("/rollout/scale_out_cancel")  # no body: every running scale-out
+    assert done.status_code == 200 and done.json()["cancelled"] == [running]
+    backend.paused = False
+    await backend.wait_idle()
+    assert (await client.get(f"/rollout/scale_out/{running}")).json()["status"] == "CANCELLED"
+
+
+# -- scale in ---------------------------------------------------------------------------------------
+
+
+async def test_scale_in_dry_run_then_real_lifo(client, backend):
+    await _scale_out_to(client, backend, 5)
+    dry = await client.post("/rollout/scale_in", json={"num_replicas": 3, "dry_run": True})
+    assert dry.status_code == 200
+    plan = ScaleInDryRun.model_validate(dry.json())
+    assert [v.engine_id for v in plan.victims] == ["engine_4", "engine_3"] and plan.engines_after == 3
+    assert (await client.get("/rollout/scale_in")).json() == []
+
+    r = await client.post("/rollout/scale_in", json={"num_replicas": 3})
+    assert r.status_code == 200 and r.json() == {"request_id": "si-1", "status": "PENDING"}
+    await backend.wait_idle()
+    record = ScaleInRequestView.model_validate((await client.get("/rollout/scale_in/si-1")).json())
+    assert record.status == "COMPLETED"
+    assert [(v.engine_id, v.state) for v in record.victims] == [("engine_4", "REMOVED"), ("engine_3", "REMOVED")]
+    assert [x["request_id"] for x in (await client.get("/rollout/scale_in?status=completed")).json()] == ["si-1"]
+    assert (await client.get("/rollout/engines")).json()["total_engines"] == 3
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "field"),
+    [
+        ({"num_replicas": 1}, 400, "num_replicas"),  # below the initial engines
+        ({"num_replicas": 2, "force": "true"}, 422, "force"),
+        ({"num_replicas": 2, "dry_run": 1}, 422, "dry_run"),
+        ({"num_replicas": 2, "drain": True}, 422, "drain"),
+        ({"engine_urls": ["http://127.0.0.1:30000"]}, 400, "engine_urls"),  # an initial engine
+        ({"engine_urls": ["http://10.9.9.9:30000"]}, 400, "engine_urls"),  # not attached
+        ({"model_name": "llama", "num_replicas": 2}, 404, "model_name"),
+    ],
+)
+async def test_scale_in_errors(client, backend, body, status, field):
+    r = await client.post("/rollout/scale_in", json=body)
+    assert r.status_code == status, r.text
+    assert r.json()["field"] == field and field in r.json()["detail"]
+    assert len(backend.registry) == 0
+
+
+async def test_scale_in_to_current_count_is_noop(client):
+    r = await client.post("/rollout/scale_in", json={"num_replicas": 2})
+    assert r.status_code == 200 and r.json()["status"] == "NOOP"
+
+
+# -- lookups ----------------------------------------------------------------------------------------
+
+
+async def test_request_lookups_and_filters(client, backend):
+    await _scale_out_to(client, backend, 3)
+    assert (await client.get("/rollout/scale_out/so-999")).status_code == 404
+    wrong_direction = await client.get("/rollout/scale_in/so-1")
+    assert wrong_direction.status_code == 404 and "scale_in" in wrong_direction.json()["detail"]
+    bad_status = await client.get("/rollout/scale_out?status=DONE")
+    assert bad_status.status_code == 400 and bad_status.json()["field"] == "status"
+    assert (await client.get("/rollout/scale_in?status=DRAINING")).json() == []
+    assert (await client.get("/rollout/scale_in?model_name=llama")).status_code == 404
+
+
+# -- events -----------------------------------------------------------------------------------------
+
+
+async def test_events_newest_first_with_limit_and_kind(client, backend):
+    await _scale_out_to(client, backend, 3)
+    body = (await client.get("/rollout/events")).json()
+    seqs = [e["seq"] for e in body["events"]]
+    assert seqs == sorted(seqs, reverse=True) and body["total"] == len(seqs) and body["dropped"] == 0
+    assert body["events"][0]["kind"] == "scale_completed" and body["events"][0]["request_id"] == "so-1"
+
+    two = (await client.get("/rollout/events?limit=2")).json()["events"]
+    assert [e["seq"] for e in two] == seqs[:2]
+    asked = (await client.get("/rollout/events?kind=scale_out_requested")).json()["events"]
+    assert [e["request_id"] for e in asked] == ["so-1"]
+
+
+@pytest.mark.parametrize(
+    ("query", "field", "words"),
+    [("limit=0", "limit", "greater than or equal to 1"), ("limit=-5", "limit", "greater than or equal to 1"),
+     ("limit=ten", "limit", "integer"), ("limit=100000", "limit", "less than or equal"),
+     ("kind=nonsense", "kind", "scale_out_requested")],
+)
+async def test_events_bad_queries_are_422(client, query, field, words):
+    r = await client.get(f"/rollout/events?{query}")
+    assert r.status_code == 422
+    assert r.json()["field"] == field and words in r.json()["detail"]
+
+
+# -- metrics ----------------------------------------------------------------------------------------
+
+
+def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return out
+
+
+async def test_metrics_parse_with_prometheus_parser(client, backend):
+    await _scale_out_to(client, backend, 3)
+    backend.training.update(training_step=7, num_rollout=60, rollout_tokens_per_s=123.5, staleness_mean=0.4,
+                            trainer_wait_fraction=0.25, staleness_blocked_fraction=0.1)
+    r = await client.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    samples = _samples(r.text)
+    assert samples[("relax_engines", (("state", "ACTIVE"),))] == 3
+    assert samples[("relax_engines", (("state", "FAILED"),))] == 0  # every state present, zero included
+    assert samples[("relax_training_step", ())] == 7
+    assert samples[("relax_num_rollout", ())] == 60
+    assert samples[("relax_rollout_tokens_per_second", ())] == 123.5
+    assert samples[("relax_staleness_mean", ())] == 0.4
+    assert samples[("relax_engine_weight_version", ())] == 0
+    assert samples[("relax_trainer_wait_fraction", ())] == 0.25
+    assert samples[("relax_staleness_blocked_fraction", ())] == 0.1
+    assert samples[("relax_scale_events_total", (("kind", "scale_out_requested"),))] == 1
+    assert samples[("relax_scale_events_total", (("kind", "scale_completed"),))] == 1
+    families = {f.name: f.type for f in text_string_to_metric_families(r.text)}
+    assert families["relax_scale_events"] == "counter" and families["relax_engines"] == "gauge"
+
+
+def test_render_metrics_skips_missing_and_non_numeric_values():
+    text = render_metrics(
+        {"engines_by_state": {"ACTIVE": 1, "ZOMBIE": 2}, "training_step": None, "staleness_mean": "n/a",
+         "tokens_generated": 5000, "scale_events_total": {}, "buffer_waiting_partitions": 2, "initial_engines": 4}
+    ).decode()
+    samples = _samples(text)
+    assert samples[("relax_buffer_waiting_partitions", ())] == 2 and samples[("relax_initial_engines", ())] == 4
+    assert samples[("relax_engines", (("state", "ZOMBIE"),))] == 2  # an unknown state is shown, not dropped
+    assert samples[("relax_rollout_tokens_total", ())] == 5000
+    assert not any(name in ("relax_training_step", "relax_staleness_mean") for name, _ in samples)
+
+
+async def test_metrics_is_503_when_the_backend_cannot_answer():
+    class Down(LocalBackend):
+        async def relax_status(self):
+            return envelope(503, {"detail": "the rollout manager is unavailable"})
+
+    async with _client(create_app(Down(), token=None)) as c:
+        r = await c.get("/metrics")
+    assert r.status_code == 503 and "unavailable" in r.text
+
+
+# -- auth -------------------------------------------------------------------------------------------
+
+
+async def test_token_guards_every_route_but_health(backend):
+    app = create_app(backend, token=TOKEN)
+    async with _client(app) as anonymous:
+        assert (await anonymous.get("/health")).json() == {"status": "ok"}
+        for method, path in (("GET", "/rollout/engines"), ("POST", "/rollout/scale_out"), ("GET", "/metrics"),
+                             ("GET", "/rollout/events"), ("GET", "/openapi.json"), ("GET", "/docs")):
+            r = await anonymous.request(method, path)
+            assert r.status_code == 401, (method, path)
+            assert "RELAX_API_TOKEN" in r.json()["detail"] and r.headers["www-authenticate"] == "Bearer"
+    async with _client(app, token="wrong") as wrong:
+        r = await wrong.get("/rollout/engines")
+        assert r.status_code == 401 and "invalid token" in r.json()["detail"]
+    async with _client(app) as basic:
+        r = await basic.get("/rollout/engines", headers={"Authorization": f"Basic {TOKEN}"})
+        assert r.status_code == 401 and "Bearer" in r.json()["detail"]
+    async with _client(app, token=TOKEN) as good:
+        assert (await good.get("/rollout/engines")).status_code == 200
+        assert (await good.get("/health")).status_code == 200
+        assert (await good.post("/rollout/scale_out", json={"num_replicas": "x"})).status_code == 422
+    assert len(backend.registry) == 0
+
+
+async def test_no_token_means_no_auth(client):
+    assert (await client.get("/rollout/engines")).status_code == 200
+    assert (await client.get("/metrics")).status_code == 200
+
+
+# -- openapi ----------------------------------------------------------------------------------------
+
+
+async def test_openapi_describes_every_route_and_body(backend):
+    async with _client(create_app(backend, token=TOKEN), token=TOKEN) as c:
+        schema = (await c.get("/openapi.json")).json()
+    paths = schema["paths"]
+    expected = {
+        "/rollout/engines": {"get"},
+        "/rollout/scale_out": {"get", "post"},
+        "/rollout/scale_out/{request_id}": {"get"},
+        "/rollout/scale_out/{request_id}/cancel": {"post"},
+        "/rollout/scale_out_cancel": {"post"},
+        "/rollout/scale_in": {"get", "post"},
+        "/rollout/scale_in/{request_id}": {"get"},
+        "/rollout/events": {"get"},
+        "/health": {"get"},
+        "/metrics": {"get"},
+    }
+    for path, methods in expected.items():
+        assert methods <= set(paths[path]), path
+    components = schema["components"]["schemas"]
+    for model in ("ScaleOutBody", "ScaleInBody", "CancelBatchBody", "EnginesResponse", "ErrorResponse",
+                  "ScaleOutRequestView", "ScaleInDryRun"):
+        assert model in components, model
+    body_ref = paths["/rollout/scale_out"]["post"]["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+    assert body_ref.endswith("/ScaleOutBody")
+    assert components["ScaleOutBody"]["additionalProperties"] is False
+    assert "409" in paths["/rollout/scale_out"]["post"]["responses"]
+    assert schema["components"]["securitySchemes"]["bearerAuth"]["scheme"] == "bearer"
+    assert paths["/health"]["get"]["security"] == []
+
+
+# -- backend answers and the autoscaler mount -------------------------------------------------------------
+
+
+async def test_backend_failures_become_json_answers(backend):
+    class Broken(LocalBackend):
+        async def engines_view(self, model_name):
+            return {"status": 200}  # not an envelope
+
+        async def get_scale_request(self, direction, request_id):
+            raise UnknownRequest(request_id, direction)  # raising a RequestError is allowed too
+
+        async def events(self, limit, kind):
+            raise RuntimeError("boom")
+
+    async with _client(create_app(Broken(), token=None)) as c:
+        malformed = await c.get("/rollout/engines")
+        assert malformed.status_code == 500 and "malformed envelope" in malformed.json()["detail"]
+        raised = await c.get("/rollout/scale_out/so-3")
+        assert raised.status_code == 404 and "so-3" in raised.json()["detail"]
+        crashed = await c.get("/rollout/events")
+        assert crashed.status_code == 500 and "RuntimeError: boom" in crashed.json()["detail"]
+
+
+def test_unwrap_envelope_accepts_only_the_contract_shape():
+    assert unwrap_envelope(envelope(201, {"a": 1})) == (201, {"a": 1})
+    for bad in ({"http_status": "200", "body": 1}, {"http_status": 200}, {"http_status": 200, "body": 1, "x": 2},
+                {"http_status": True, "body": 1}, {"http_status": 999, "body": 1}, None):
+        assert unwrap_envelope(bad)[0] == 500
+
+
+def test_create_app_rejects_a_backend_missing_methods_and_a_bad_autoscaler(backend):
+    with pytest.raises(TypeError, match="relax_status"):
+        create_app(object(), token=None)
+    with pytest.raises(TypeError, match="APIRouter"):
+        create_app(backend, token=None, autoscaler=object())
+
+
+async def test_autoscaler_router_is_mounted_and_guarded(backend):
+    router = APIRouter()
+
+    @router.get("/status")
+    async def status() -> dict[str, bool]:
+        return {"enabled": True}
+
+    class Autoscaler:
+        def __init__(self) -> None:
+            self.router = router
+
+    for autoscaler in (router, Autoscaler()):
+        app = create_app(backend, token=TOKEN, autoscaler=autoscaler)
+        async with _client(app) as anonymous:
+            assert (await anonymous.get("/autoscaler/status")).status_code == 401
+        async with _client(app, token=TOKEN) as c:
+            assert (await c.get("/autoscaler/status")).json() == {"enabled": True}
+    without = create_app(backend, token=None)
+    async with _client(without) as c:
+        assert (await c.get("/autoscaler/status")).status_code == 404
+
+
+# -- the server and the Ray adapter -------------------------------------------------------------------
+
+
+async def test_control_plane_serves_on_a_real_socket_and_stops(backend):
+    plane = ControlPlane(backend, "127.0.0.1", 0, TOKEN)
+    url = await plane.start()
+    try:
+        assert url.startswith("http://127.0.0.1:") and await plane.start() == url and await plane.url() == url
+        async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}) as c:
+            assert (await c.get("/health")).json() == {"status": "ok"}
+            assert (await c.get("/rollout/engines")).json()["active_engines"] == 2
+
+        port = int(url.rsplit(":", 1)[1])
+        busy = ControlPlane(backend, "127.0.0.1", port, None)
+        with pytest.raises(RuntimeError, match="--api-port"):
+            await busy.start()
+    finally:
+        await plane.stop()
+    assert await plane.url() is None
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+
+
+class _Method:
+    def __init__(self, fn):
+        self._fn = fn
+
+    def remote(self, *args):
+        return asyncio.ensure_future(self._fn(*args))
+
+
+class _FakeHandle:
+    """Enough of a Ray actor handle for RayBackend: ``handle.<method>.remote(...)`` returns an awaitable."""
+
+    def __init__(self, **methods):
+        for name, fn in methods.items():
+            setattr(self, name, _Method(fn))
+
+
+async def test_ray_backend_maps_what_can_go_wrong_between_processes():
+    from ray.exceptions import RayActorError, RayTaskError
+
+    async def ok(model_name):
+        return envelope(200, {"model": model_name})
+
+    async def dead(*_):
+        raise RayActorError(error_msg="The actor died unexpectedly")
+
+    async def rule(direction, request_id):
+        raise RayTaskError("get_scale_request", "Traceback...", UnknownRequest(request_id, direction))
+
+    async def bug(*_):
+        raise RayTaskError("events", "Traceback...", KeyError("x"))
+
+    async def slow():
+        await asyncio.sleep(5)
+
+    async def garbage(_body):
+        return [1, 2]
+
+    handle = _FakeHandle(engines_view=ok, scale_in=dead, get_scale_request=rule, events=bug, relax_status=slow,
+                         scale_out=garbage)
+    ray_backend = RayBackend(handle, call_timeout_s=0.2)
+    assert await ray_backend.engines_view("default") == envelope(200, {"model": "default"})
+    assert (await ray_backend.scale_in({}))["http_status"] == 503
+    not_found = await ray_backend.get_scale_request("scale_out", "so-7")
+    assert not_found["http_status"] == 404 and "so-7" in not_found["body"]["detail"]
+    assert (await ray_backend.events(10, None))["http_status"] == 500
+    assert (await ray_backend.relax_status())["http_status"] == 504
+    assert (await ray_backend.scale_out({}))["http_status"] == 500
+    json.dumps([await ray_backend.engines_view(None)])  # envelopes stay JSON-able
+
+    async def events_view(limit, kind):  # the RolloutManager's name (its EventLog is self.events)
+        return envelope(200, {"events": [], "total": limit, "dropped": 0})
+
+    assert (await RayBackend(_FakeHandle(events_view=events_view)).events(7, None))["body"]["total"] == 7
