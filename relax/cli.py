@@ -87,11 +87,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.set_defaults(func=_cmd_engine_serve)
 
+    from relax.autoscaler.cli import add_autoscaler_parser
     from relax.client_cli import add_client_parsers
     from relax.cluster.cli import add_cluster_parser
 
     add_client_parsers(sub)
     add_cluster_parser(sub)
+    add_autoscaler_parser(sub)
 
     demo = sub.add_parser("demo", help="run the end-to-end demo on the tiny preset")
     demo.add_argument("--workdir", default="outputs/demo")
