@@ -708,6 +708,8 @@ class ElasticCluster:
             # The fake provider's node launch path only works with the v1 autoscaler in this wheel.
             "RAY_enable_autoscaler_v2": "0",
             "RAY_USAGE_STATS_ENABLED": "0",
+            # Jobs run `python3 -m relax...`: this interpreter's environment must come first on PATH.
+            "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
             **cfg.env,
         }
         # A driver address inherited from the caller would make `ray start --head` confused about which

@@ -5,7 +5,8 @@
 #
 # Environment (see examples/elastic_rollout/README.md):
 #   RAY_DASHBOARD_ADDRESS  Ray dashboard / job server (default http://127.0.0.1:8265)
-#   RAY_ADDRESS            Ray GCS address, forwarded to the job (optional: the job server's cluster is used)
+#   RAY_ADDRESS            Ray GCS address; when RAY_DASHBOARD_ADDRESS is unset, its host's :8265 is used.
+#                          The job itself always runs on the job server's cluster.
 #   MODEL_DIR DATA_DIR EXP_DIR   input/output roots used by the run script
 #   AUTOSCALER_CONFIG      autoscaler YAML (run scripts pass --autoscaler-config "$AUTOSCALER_CONFIG")
 #   WORKING_DIR            uploaded as the job's working directory (e.g. ./ from the repository root)
@@ -24,6 +25,10 @@ die() { echo "ray-job.sh: error: $*" >&2; exit 2; }
 RUN_SCRIPT=$1; shift
 [[ -f "$RUN_SCRIPT" ]] || die "run script '$RUN_SCRIPT' not found (run from the repository root?)"
 
+if [[ -z "${RAY_DASHBOARD_ADDRESS:-}" && -n "${RAY_ADDRESS:-}" && "${RAY_ADDRESS}" != ray://* ]]; then
+  # RAY_ADDRESS=host:6379 → the same host's dashboard on Ray's default port
+  RAY_DASHBOARD_ADDRESS="http://${RAY_ADDRESS%%:*}:8265"
+fi
 export RAY_DASHBOARD_ADDRESS=${RAY_DASHBOARD_ADDRESS:-http://127.0.0.1:8265}
 export RELAX_INITIAL_NODE_GROUP=${RELAX_INITIAL_NODE_GROUP:-stable}
 export ENABLE_AFFINITY=${ENABLE_AFFINITY:-1}
