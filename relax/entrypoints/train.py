@@ -74,9 +74,10 @@ class _Stop:
 
 
 class Driver:
-    def __init__(self, args: TrainArgs, plan: Plan) -> None:
+    def __init__(self, args: TrainArgs, plan: Plan, autoscaler_config: Any = None) -> None:
         self.args = args
         self.plan = plan
+        self.autoscaler_config = autoscaler_config
         self.stop = _Stop()
         self.run_dir = Path(args.output_dir)
         self.groups: list[Any] = []
@@ -193,7 +194,16 @@ class Driver:
 
     def _autoscaler_factory(self) -> Any:
         """Built inside the control-plane actor: the autoscaler runs beside the REST API (DESIGN 2)."""
-        return None
+        config = self.autoscaler_config
+        if config is None or not config.enabled:
+            return None
+        from relax.autoscaler.config import effective_bounds
+        from relax.autoscaler.mount import AutoscalerFactory
+
+        floor, ceiling, notes = effective_bounds(config, self.plan.initial_engines)
+        log.info("autoscaler enabled: pool between %d and %d engines%s", floor, ceiling,
+                 "; " + "; ".join(notes) if notes else "")
+        return AutoscalerFactory(config, self.manager)
 
     # ------------------------------------------------------------------ loop
     def _publish(self, version: int) -> float:
@@ -413,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
         print(format_plan(plan))
         return 0
     preflight(args)
-    driver = Driver(args, plan)
+    driver = Driver(args, plan, autoscaler)
     try:
         return driver.run()
     except ConfigError as exc:
