@@ -88,12 +88,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(func=_cmd_engine_serve)
 
     from relax.autoscaler.cli import add_autoscaler_parser
+    from relax.autoscaler.monitor import add_monitor_parser
     from relax.client_cli import add_client_parsers
     from relax.cluster.cli import add_cluster_parser
 
     add_client_parsers(sub)
     add_cluster_parser(sub)
     add_autoscaler_parser(sub)
+    add_monitor_parser(sub)
 
     demo = sub.add_parser("demo", help="run the end-to-end demo on the tiny preset")
     demo.add_argument("--workdir", default="outputs/demo")

@@ -85,7 +85,7 @@ def test_recipe_three_checks_on_an_elastic_cluster(cluster, tiny_preset, tmp_pat
                              "examples/elastic_rollout/run-tiny-cpu-elastic-async.sh"],
                             cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
     assert submit.returncode == 0, submit.stdout + submit.stderr
-    job_id = next(line.split()[-1] for line in submit.stdout.splitlines() if "submitting" in line)
+    job_id = next(line.split()[2] for line in submit.stdout.splitlines() if line.startswith("ray-job.sh: submitting"))
 
     from ray.job_submission import JobSubmissionClient
 
