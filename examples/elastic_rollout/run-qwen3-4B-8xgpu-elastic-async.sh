@@ -13,12 +13,13 @@ relax_require_path "$DATA_DIR/dapo-math-17k/dapo-math-17k.jsonl" "training data"
 relax_require_path "$DATA_DIR/aime-2024/aime-2024.jsonl" "evaluation data"
 relax_require_path "$AUTOSCALER_CONFIG" "autoscaler config"
 
+mapfile -t AFFINITY_ARGS < <(relax_affinity_args)   # --no-enable-affinity when ENABLE_AFFINITY=0
 ELASTIC_ARGS=(
   --fully-async
   --resource '{"actor": [1, 4], "rollout": [1, 4]}'
   --rollout-num-gpus-per-engine 1
   --autoscaler-config "$AUTOSCALER_CONFIG"
-  $(relax_affinity_args)
+  "${AFFINITY_ARGS[@]}"
 )
 MODEL_ARGS=(
   --swiglu --num-layers 36 --hidden-size 2560 --ffn-hidden-size 9728 --num-attention-heads 32

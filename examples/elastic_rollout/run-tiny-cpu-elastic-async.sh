@@ -17,12 +17,13 @@ relax_require_path "$DATA_DIR/data/train.jsonl" "training data"
 relax_require_path "$DATA_DIR/data/eval.jsonl" "evaluation data"
 relax_require_path "$AUTOSCALER_CONFIG" "autoscaler config"
 
+mapfile -t AFFINITY_ARGS < <(relax_affinity_args)   # --no-enable-affinity when ENABLE_AFFINITY=0
 ELASTIC_ARGS=(
   --fully-async
   --resource '{"actor": [1, 2], "rollout": [1, 2]}'
   --rollout-num-gpus-per-engine 1
   --autoscaler-config "$AUTOSCALER_CONFIG"
-  $(relax_affinity_args)
+  "${AFFINITY_ARGS[@]}"
 )
 CKPT_ARGS=(--hf-checkpoint "$MODEL_DIR/model/" --output-dir "$EXP_DIR/tiny-elastic/")
 ROLLOUT_ARGS=(

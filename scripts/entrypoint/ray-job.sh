@@ -77,7 +77,8 @@ PY
 relax_submit() {
   # relax_submit [train flags...]: submit python3 -m relax.entrypoints.train with these flags as a Ray job.
   relax_stop_stale_jobs
-  local submission_id="relax-${RELAX_RUN_NAME}-$(date +%Y%m%d-%H%M%S)-$$"
+  local submission_id
+  submission_id="relax-${RELAX_RUN_NAME}-$(date +%Y%m%d-%H%M%S)-$$"
   local env_json
   env_json=$("$PYTHON" - <<'PY'
 import json, os
