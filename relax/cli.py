@@ -57,7 +57,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from relax.demo import run_demo
 
     return run_demo(Path(args.workdir), concurrency=args.concurrency, requests=args.requests,
-                    engine_only=args.engine_only, num_rollout=args.num_rollout)
+                    engine_only=args.engine_only, local=args.local, num_rollout=args.num_rollout)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -99,8 +99,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="run the end-to-end demo on the tiny preset")
     demo.add_argument("--workdir", default="outputs/demo")
+    demo.add_argument("--local", action="store_true",
+                      help="embedded Ray cluster, no autoscaling (default: a local elastic cluster via ray-job.sh)")
     demo.add_argument("--engine-only", action="store_true", help="only the built-in engine under a request burst")
-    demo.add_argument("--num-rollout", type=_positive_int, default=60, help="training steps")
+    demo.add_argument("--num-rollout", type=_positive_int, default=None,
+                      help="training steps (default 150 elastic, 60 --local)")
     demo.add_argument("--concurrency", type=_positive_int, default=16, help="--engine-only: requests in flight")
     demo.add_argument("--requests", type=_positive_int, default=64, help="--engine-only: requests in the burst")
     demo.set_defaults(func=_cmd_demo)

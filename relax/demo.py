@@ -1,8 +1,10 @@
-"""`relax demo`: the main job end to end on the tiny preset, on an embedded Ray cluster.
+"""`relax demo`: the main job end to end on the tiny preset.
 
-`relax demo` runs fully-asynchronous GRPO through the real entrypoint (2 trainer ranks, 2 built-in
-engines on logical GPUs) and prints where the metrics and the plot are. `relax demo --engine-only`
-shows the rollout engine on its own: a burst of concurrent requests, throughput and metrics.
+- `relax demo` (what `make demo` runs): the recipe's flow on a local elastic Ray cluster — see
+  `relax.elastic_demo`.
+- `relax demo --local`: fully-asynchronous GRPO through the real entrypoint on an embedded Ray cluster
+  (2 trainer ranks, 2 built-in engines on logical GPUs); prints where the metrics and the plot are.
+- `relax demo --engine-only`: the rollout engine alone under a burst of concurrent requests.
 """
 
 from __future__ import annotations

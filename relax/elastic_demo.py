@@ -1,0 +1,183 @@
+"""`relax demo` (default): the recipe's flow on one machine, with capacity that really grows and shrinks.
+
+A local Ray cluster of fake autoscaling nodes stands in for the cluster provisioner; the tiny twin of the
+Qwen3-4B recipe is submitted through scripts/entrypoint/ray-job.sh and `ray job submit`; a bounded burst of
+requests on loopback plays "load". The demo prints what the recipe tells a user to confirm: training
+advancing on the initial engines, nodes joining and more engines ACTIVE under load, and the pool returning
+to its initial size with training still advancing.
+
+The same helpers drive the end-to-end test (tests/e2e/test_elastic_recipe.py).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+from rich.console import Console
+
+from relax.presets.tiny import TinyPreset
+
+T = TypeVar("T")
+REPO = Path(__file__).resolve().parents[1]
+RAY_JOB = "scripts/entrypoint/ray-job.sh"
+TINY_RUN_SCRIPT = "examples/elastic_rollout/run-tiny-cpu-elastic-async.sh"
+TINY_AUTOSCALER = "examples/elastic_rollout/autoscaler-tiny.yaml"
+CHAT_PROMPT = "<|im_start|>user\nWhat is 3 + 4?<|im_end|>\n<|im_start|>assistant\n"
+
+# A bounded burst (count and time) on loopback; runs in its own process so the caller keeps polling.
+BURST_SCRIPT = """
+import asyncio, sys
+from relax.engines.loadgen import run_burst
+prompt = sys.argv[1]
+async def main():
+    await asyncio.gather(*(run_burst(u, prompt, requests=400, concurrency=200, max_new_tokens=200)
+                           for u in sys.argv[2:]))
+asyncio.run(main())
+"""
+
+
+def wait_until(predicate: Callable[[], T], timeout: float, what: str, poll_s: float = 0.5) -> T:
+    """Poll `predicate` until it returns something truthy; transient HTTP errors count as 'not yet'."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = predicate()
+        except (httpx.HTTPError, KeyError, ValueError) as exc:
+            last = exc
+        if last and not isinstance(last, Exception):
+            return last
+        time.sleep(poll_s)
+    raise TimeoutError(f"{what}: not within {timeout:.0f}s (last: {last!r})")
+
+
+class RunApi:
+    """The few control-plane reads the recipe's checks need."""
+
+    def __init__(self, url: str, token: str | None = None) -> None:
+        self.url = url
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+
+    def _get(self, path: str) -> httpx.Response:
+        response = httpx.get(f"{self.url}{path}", timeout=5, trust_env=False, headers=self._headers)
+        response.raise_for_status()
+        return response
+
+    def engines(self) -> list[dict[str, Any]]:
+        return self._get("/rollout/engines").json()["models"]["default"]["engines"]
+
+    def active(self) -> list[dict[str, Any]]:
+        return [e for e in self.engines() if e["status"] == "ACTIVE"]
+
+    def training_step(self) -> int:
+        for family in text_string_to_metric_families(self._get("/metrics").text):
+            for sample in family.samples:
+                if sample.name == "relax_training_step":
+                    return int(sample.value)
+        return 0
+
+    def scale_history(self) -> list[dict[str, Any]]:
+        return self._get("/autoscaler/scale_history").json()["entries"]
+
+    def autoscaler_config(self) -> dict[str, Any]:
+        return self._get("/autoscaler/config").json()
+
+
+def job_env(cluster_env: dict[str, str], preset: TinyPreset, exp_dir: Path, api_port: int,
+            **overrides: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        **cluster_env,
+        # the job runs `python3 -m relax...`: this interpreter's environment must come first
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+        "MODEL_DIR": str(preset.root), "DATA_DIR": str(preset.root), "EXP_DIR": str(exp_dir),
+        "AUTOSCALER_CONFIG": TINY_AUTOSCALER, "WORKING_DIR": "./", "RAY_NO_WAIT": "1",
+        "RELAX_API_PORT": str(api_port), **overrides,
+    }
+
+
+def submit_tiny_job(env: dict[str, str]) -> str:
+    """`bash scripts/entrypoint/ray-job.sh <tiny run script>`; returns the submission id."""
+    if not (REPO / RAY_JOB).is_file():
+        raise FileNotFoundError(f"{REPO / RAY_JOB} not found: the elastic demo runs from a source checkout")
+    result = subprocess.run(["bash", RAY_JOB, TINY_RUN_SCRIPT], cwd=REPO, env=env, capture_output=True, text=True,
+                            timeout=180)
+    if result.returncode != 0:
+        raise RuntimeError(f"ray-job.sh failed:\n{result.stdout}{result.stderr}")
+    return next(line.split()[2] for line in result.stdout.splitlines() if line.startswith("ray-job.sh: submitting"))
+
+
+def start_burst(urls: list[str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-c", BURST_SCRIPT, CHAT_PROMPT, *urls])
+
+
+def run_elastic_demo(workdir: Path, *, num_rollout: int = 150, console: Console | None = None) -> int:
+    from ray.job_submission import JobSubmissionClient
+
+    from relax.cluster.network import free_port
+    from relax.demo import ensure_preset
+    from relax.testing import ElasticCluster, ElasticClusterConfig, read_status
+
+    console = console or Console()
+    workdir = workdir.resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    preset = ensure_preset(workdir)
+    console.print("[bold]2. local elastic Ray cluster[/]: head with 4 logical GPUs (stable markers), "
+                  "up to 2 fake autoscaled 1-GPU nodes")
+    cluster = ElasticCluster(ElasticClusterConfig(head_gpus=4, max_elastic=2, dashboard_port=0))
+    info = cluster.start()
+    jobs = JobSubmissionClient(info.dashboard_url)
+    job_id = None
+    try:
+        api_port = free_port()
+        api = RunApi(f"http://127.0.0.1:{api_port}")
+        exp = workdir / "exp"
+        env = job_env(info.env(), preset, exp, api_port, NUM_ROLLOUT=str(num_rollout))
+        console.print(f"[bold]3. submit[/] through {RAY_JOB} → ray job submit ({TINY_RUN_SCRIPT})")
+        job_id = submit_tiny_job(env)
+        console.print(f"   job {job_id}; REST API {api.url}; `relax monitor --url {api.url}/autoscaler`")
+
+        def show(label: str) -> None:
+            nodes = len(read_status(info.address).elastic_nodes)
+            pool = ", ".join(f"{e['engine_id']}({e['kind']}:{e['status']})" for e in api.engines())
+            console.print(f"   [{label}] training step {api.training_step()}/{num_rollout}; "
+                          f"elastic nodes {nodes}; engines {pool}")
+
+        wait_until(lambda: len(api.active()) == 2 and api.training_step() >= 3, 300, "training on 2 engines")
+        show("check 1: training advances on the initial engines")
+        console.print("[bold]4. load[/]: a bounded burst of 800 requests on the engines (loopback)")
+        began = time.monotonic()
+        burst = start_burst([e["url"] for e in api.active()])
+        try:
+            wait_until(lambda: len(api.active()) > 2, 300, "more engines under load")
+            show(f"check 2: +{len(api.active()) - 2} engine(s) ACTIVE after {time.monotonic() - began:.0f}s")
+        finally:
+            burst.wait(timeout=600)
+        ended = time.monotonic()
+        wait_until(lambda: len(api.active()) == 2 and len(api.engines()) == 2, 300, "back to the initial engines")
+        cluster.wait_for_nodes(0, timeout=180)
+        show(f"check 3: back to 2 engines {time.monotonic() - ended:.0f}s after the load ended; nodes removed")
+        for entry in reversed(api.scale_history()):
+            console.print(f"   autoscaler {entry['action']} {entry['from_engines']}→{entry['to_engines']}: "
+                          f"{entry['reason']}")
+        console.print("[bold]5. training continues[/] to the end of the run")
+        status = wait_until(lambda: jobs.get_job_status(job_id).is_terminal() and jobs.get_job_status(job_id),
+                            900, "the job to finish", poll_s=2.0)
+        console.print(f"   job {job_id}: {status}")
+        run_dir = exp / "tiny-elastic"
+        console.print(f"   metrics: {run_dir / 'metrics.jsonl'}\n   summary: {run_dir / 'summary.json'}\n"
+                      f"   plot:    {run_dir / 'training.png'}")
+        return 0 if str(status).endswith("SUCCEEDED") else 1
+    finally:
+        if job_id is not None and not jobs.get_job_status(job_id).is_terminal():
+            jobs.stop_job(job_id)
+            wait_until(lambda: jobs.get_job_status(job_id).is_terminal(), 120, "the job to stop")
+        cluster.stop()
