@@ -82,7 +82,10 @@ class EngineLifecycle:
         self.router.add(engine_id)
         self._routable.set()
         self._state_changed.set()
-        self.events.append(EventKind.ENGINE_STATE, f"ACTIVE at {url}", engine_ids=engine_id)
+        latest = self.registry.latest_version or 0
+        held = self.pool.get(engine_id).weight_version
+        self.events.append(EventKind.ENGINE_STATE, f"ACTIVE at {url} with weights v{held}", engine_ids=engine_id,
+                           details={"weight_version": held, "latest_published": latest})
         log.info("%s ACTIVE at %s (weights v%s)", engine_id, url, self.pool.get(engine_id).weight_version)
 
     async def _spawn_actor(self: RolloutManager, engine_id: str, slot: EngineSlot) -> dict[str, Any]:

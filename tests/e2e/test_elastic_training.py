@@ -1,0 +1,75 @@
+"""Scaling by REST while the tiny training runs: 2 → 4 → 2 engines, training advancing throughout, joining
+engines serving only the current weights, and no sample older than the staleness bound."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+from pathlib import Path
+
+import httpx
+import pytest
+
+from relax.cluster.network import free_port
+from relax.demo import tiny_train_argv
+from relax.elastic_demo import RunApi, wait_until
+
+pytestmark = pytest.mark.e2e
+
+
+def post(api: RunApi, path: str, body: dict) -> dict:
+    response = httpx.post(f"{api.url}{path}", json=body, timeout=10, trust_env=False)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def request_done(api: RunApi, direction: str, request_id: str) -> dict | None:
+    record = httpx.get(f"{api.url}/rollout/{direction}/{request_id}", timeout=5, trust_env=False).json()
+    return record if record["status"] in ("ACTIVE", "PARTIAL", "FAILED", "CANCELLED", "COMPLETED") else None
+
+
+def test_rest_scaling_while_training(tiny_preset, tmp_path: Path) -> None:
+    port = free_port()
+    api = RunApi(f"http://127.0.0.1:{port}")
+    out = tmp_path / "run"
+    argv = tiny_train_argv(tiny_preset, out, num_rollout=400, max_staleness=1, extra=("--api-port", str(port)))
+    log_path = tmp_path / "driver.log"
+    with log_path.open("w") as log:
+        driver = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_until(lambda: api.training_step() >= 3, 240, "training to start")
+
+        before = api.training_step()
+        request = post(api, "/rollout/scale_out", {"num_replicas": 4})
+        record = wait_until(lambda: request_done(api, "scale_out", request["request_id"]), 180, "scale-out")
+        assert record["status"] == "ACTIVE", record
+        assert len(api.active()) == 4
+        grown = api.training_step()
+        assert grown > before, "training must advance while engines join"
+
+        events = httpx.get(f"{api.url}/rollout/events", params={"limit": 200}, timeout=5, trust_env=False).json()
+        joined = [e for e in events["events"] if e["kind"] == "engine_state" and e["message"].startswith("ACTIVE")
+                  and set(e["engine_ids"]) & set(record["engine_ids"])]
+        assert len(joined) == 2
+        for event in joined:  # an engine joins the router only once it holds the newest published version
+            assert event["details"]["weight_version"] == event["details"]["latest_published"]
+
+        wait_until(lambda: api.training_step() >= grown + 3, 120, "training on four engines")
+        request = post(api, "/rollout/scale_in", {"num_replicas": 2})
+        record = wait_until(lambda: request_done(api, "scale_in", request["request_id"]), 180, "scale-in")
+        assert record["status"] == "COMPLETED", record
+        shrunk = api.training_step()
+        assert [e["kind"] for e in api.engines()] == ["initial", "initial"]
+        wait_until(lambda: api.training_step() > shrunk, 120, "training to keep advancing after scale-in")
+    finally:
+        driver.send_signal(signal.SIGTERM)
+        try:
+            driver.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            driver.kill()
+    assert driver.returncode == 0, log_path.read_text()[-3000:]
+    rows = [json.loads(line) for line in (out / "sample_versions.jsonl").read_text().splitlines()]
+    assert len(rows) >= 9
+    for row in rows:  # the trainer never got a sample older than --max-staleness 1
+        assert max(row["trainer_version"] - v for v in row["sample_versions"]) <= 1
