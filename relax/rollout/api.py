@@ -25,6 +25,7 @@ from fastapi import APIRouter, Body, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from relax.rollout.api_models import (
@@ -151,18 +152,20 @@ async def _answer(call: Awaitable[Any]) -> JSONResponse:
     return JSONResponse(body, status_code=status)
 
 
+_ERROR_DESCRIPTIONS = {
+    400: "a rule refused the request, or the body is not JSON (the message names the field)",
+    401: "missing or wrong bearer token",
+    404: "unknown model or request id",
+    409: "another scale operation is running (running_request_id says which)",
+    415: "the body is not JSON",
+    422: "the body does not have the contract's shape (wrong type, unknown field, bad URL...)",
+    503: "the rollout manager is not reachable",
+}
+
+
 def _error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI documentation of the 4xx answers; all share :class:`ErrorResponse`'s shape."""
-    what = {
-        400: "a rule refused the request (the message names the field)",
-        401: "missing or wrong bearer token",
-        404: "unknown model or request id",
-        409: "another scale operation is running (running_request_id says which)",
-        415: "the body is not JSON",
-        422: "the body does not have the contract's shape (wrong type, unknown field, bad URL...)",
-        503: "the rollout manager is not reachable",
-    }
-    return {code: {"model": ErrorResponse, "description": what[code]} for code in codes}
+    return {code: {"model": ErrorResponse, "description": _ERROR_DESCRIPTIONS[code]} for code in codes}
 
 
 # -- validation errors -------------------------------------------------------------------------------
@@ -208,6 +211,22 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
         },
         status_code=status,
     )
+
+
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    """FastAPI's own HTTP errors in :class:`ErrorResponse`'s shape (``detail`` and ``field``).
+
+    The routes never raise ``HTTPException``; FastAPI does for an unknown path (404) or method (405), and with a
+    bare ``400 There was an error parsing the body`` when ``json.loads`` fails other than by a syntax error: an
+    integer of more than 4300 digits, or nesting deeper than the recursion limit. That 400 is answered like any
+    other undecodable body, naming ``body`` and saying why.
+    """
+    assert isinstance(exc, StarletteHTTPException)
+    detail, field = exc.detail, None
+    if exc.status_code == 400 and exc.__cause__ is not None:
+        reason = str(exc.__cause__) or type(exc.__cause__).__name__
+        detail, field = f"body: invalid JSON: {reason if len(reason) <= 200 else reason[:197] + '...'}", "body"
+    return JSONResponse({"detail": detail, "field": field}, status_code=exc.status_code, headers=exc.headers)
 
 
 # -- auth -------------------------------------------------------------------------------------------
@@ -364,6 +383,7 @@ def create_app(backend: RolloutBackend, *, token: str | None, autoscaler: Any | 
         version="1",
     )
     app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
     app.include_router(_rollout_router(backend))
 
     @app.get("/health", tags=["control plane"])
@@ -393,6 +413,7 @@ def create_app(backend: RolloutBackend, *, token: str | None, autoscaler: Any | 
 
     if autoscaler is not None:
         app.include_router(_autoscaler_router(autoscaler), prefix="/autoscaler")
+    _document_error_bodies(app)
     if token:
         app.add_middleware(BearerAuth, token=token)
         _document_bearer_auth(app)
@@ -410,6 +431,39 @@ _BACKEND_METHODS = (
     "events",
     "relax_status",
 )
+
+
+def _document_error_bodies(app: FastAPI) -> None:
+    """Make ``/openapi.json`` describe the error answers the app really sends.
+
+    FastAPI documents a 422 with its own ``HTTPValidationError`` (``detail`` a list) on every operation that
+    takes parameters, but :func:`_validation_error` answers every validation error, on every router, with
+    :class:`ErrorResponse` (``detail`` a string, ``field``): a client generated from the schema could not read
+    them. Operations that read a JSON body may also answer 400 (not JSON) and 415 (not sent as JSON) whether or
+    not their router declared them (the autoscaler router declares none).
+    """
+    build = app.openapi
+    error_body = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = build()
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            components.setdefault("ErrorResponse", ErrorResponse.model_json_schema())
+            for item in schema.get("paths", {}).values():
+                for operation in item.values():
+                    responses = operation.setdefault("responses", {})
+                    codes = (400, 415, 422) if "requestBody" in operation else (422,) if "422" in responses else ()
+                    for code in codes:
+                        answer = responses.setdefault(str(code), {"description": _ERROR_DESCRIPTIONS[code]})
+                        if "HTTPValidationError" in str(answer.get("content")) or "content" not in answer:
+                            answer["content"] = error_body
+            components.pop("HTTPValidationError", None)
+            components.pop("ValidationError", None)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def _document_bearer_auth(app: FastAPI) -> None:

@@ -200,9 +200,9 @@ class ElasticScaling:
         drain = request.timeout_secs or self.cfg.scale_in_drain_timeout_s
 
         async def one(engine_id: str) -> None:
-            aborted = await self._retire(engine_id, force=request.force, drain_timeout_s=drain,
-                                         shutdown_timeout_s=self.cfg.scale_in_shutdown_timeout_s, reason="scale-in")
-            request.note_drained(engine_id, aborted_requests=aborted)
+            await self._retire(engine_id, force=request.force, drain_timeout_s=drain,
+                               shutdown_timeout_s=self.cfg.scale_in_shutdown_timeout_s, reason="scale-in",
+                               on_drained=lambda aborted: request.note_drained(engine_id, aborted_requests=aborted))
 
         results = await asyncio.gather(*(one(e) for e in request.victim_ids), return_exceptions=True)
         request.advance(ScaleInStatus.REMOVING)

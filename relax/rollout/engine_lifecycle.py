@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -178,6 +179,7 @@ class EngineLifecycle:
         drain_timeout_s: float,
         shutdown_timeout_s: float,
         reason: str,
+        on_drained: Callable[[int], None] | None = None,
     ) -> int:
         """Drain (real: wait for in-flight requests), then remove. Returns how many requests were aborted
         and retried elsewhere. Safe to call on an engine in any live state."""
@@ -205,6 +207,8 @@ class EngineLifecycle:
                 engine_ids=engine_id,
             )
             await self._wait_drained(engine_id, max(5.0, self.cfg.request_timeout_s))
+        if on_drained is not None:  # drained (or aborted): the shutdown phase starts now
+            on_drained(aborted)
         await self._release_resources(engine_id, grace_s=shutdown_timeout_s)
         record = self.pool.get(engine_id)
         if not record.state.terminal:
