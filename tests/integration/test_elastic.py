@@ -86,6 +86,10 @@ def test_scale_out_to_an_absolute_target_with_conflict_and_noop(elastic) -> None
     assert status == 200 and body["status"] == "NOOP"
     status, body = call(elastic, "scale_out", {"num_replicas": 4})
     assert status == 400 and "max" in body["detail"]
+    status, body = call(elastic, "get_scale_request", "scale_out", "so-999")
+    assert status == 404 and "so-999" in body["detail"]
+    status, body = call(elastic, "cancel_scale_out", "so-999")
+    assert status == 404
 
 
 def test_scale_in_drains_for_real_and_loses_nothing(elastic) -> None:
