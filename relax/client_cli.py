@@ -29,7 +29,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-__all__ = ["DEFAULT_URL", "ApiClient", "ApiError", "add_client_parsers", "main"]
+__all__ = ["DEFAULT_URL", "ApiClient", "ApiError", "add_client_parsers"]
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 URL_ENV = "RELAX_API_URL"
@@ -566,23 +566,3 @@ def add_client_parsers(subparsers: Any) -> None:
     events.add_argument("--limit", type=int, default=20, help="newest N events (default 20)")
     events.add_argument("--kind", default=None, help="only events of this kind (e.g. engine_evicted)")
     events.set_defaults(func=_run("events", _cmd_events))
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """A standalone ``relax``-like parser with only the client commands (tests, ``python -m``)."""
-    parser = argparse.ArgumentParser(prog="relax", description="Relax control plane client")
-    add_client_parsers(parser.add_subparsers(dest="command", metavar="COMMAND", required=True))
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:  # argparse: --help is 0, a usage error is 2
-        return int(exc.code or 0)
-    return int(args.func(args))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

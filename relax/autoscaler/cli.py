@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from relax.autoscaler.traces import Trace, TraceError, load_trace, trace_names
@@ -25,7 +24,7 @@ if TYPE_CHECKING:
     from relax.autoscaler.config import AutoscalerConfig
     from relax.autoscaler.simulator import SimulationResult
 
-__all__ = ["add_autoscaler_parser", "build_parser", "engines_strip", "main", "render_result", "run_simulate"]
+__all__ = ["add_autoscaler_parser", "engines_strip", "render_result", "run_simulate"]
 
 EXIT_OK, EXIT_USAGE = 0, 2
 _COMMAND = "relax autoscaler simulate"
@@ -143,23 +142,3 @@ def render_result(result: SimulationResult, trace: Trace, console: Console) -> N
             actions.add_row(_clock(record.t), record.action + status, f"{record.from_engines} -> {record.to_engines}",
                             why)
         console.print(actions)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """A standalone ``relax``-like parser with only this command (tests, ``python -m``)."""
-    parser = argparse.ArgumentParser(prog="relax", description="Relax autoscaler tools")
-    add_autoscaler_parser(parser.add_subparsers(dest="command", metavar="COMMAND", required=True))
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:  # argparse: --help is 0, a usage error is 2
-        return int(exc.code or 0)
-    return int(args.func(args))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

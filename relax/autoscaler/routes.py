@@ -11,11 +11,13 @@
 The handlers are thin on purpose (DESIGN 2: no logic in route handlers): each validates what the client
 sent and makes one call on :class:`~relax.autoscaler.service.AutoscalerService`. Every answer is built
 with ``strict_json`` and sent by ``JSONResponse`` (which refuses NaN/inf), so a client never receives the
-non-standard ``NaN``/``Infinity`` tokens that strict JSON parsers reject.
+non-standard ``NaN``/``Infinity`` tokens that strict JSON parsers reject, and with non-ASCII characters
+escaped (see :class:`_AsciiJSONResponse`).
 """
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Query
@@ -42,8 +44,20 @@ HistoryAction = Annotated[Literal["scale_out", "scale_in"] | None, Query(descrip
 ConfigPatch = Annotated[Any, Body(description='a partial config, e.g. {"scale_out_policy": {"max_delta": 2}}')]
 
 
+class _AsciiJSONResponse(JSONResponse):
+    """JSON with every non-ASCII character escaped, so that any string can be sent.
+
+    Answers echo what the client sent (a config key in ``field``, a URL in the config), and JSON text may carry
+    a lone surrogate (``"\\ud800"``) that has no UTF-8 encoding: ``JSONResponse`` failed on it with a 500, and a
+    config holding one made every later ``GET /config`` a 500 too. Escaped, it is valid JSON like any other.
+    """
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
+
+
 def _json(body: Any, status: int = 200) -> JSONResponse:
-    return JSONResponse(strict_json(body), status_code=status)
+    return _AsciiJSONResponse(strict_json(body), status_code=status)
 
 
 def autoscaler_router(service: AutoscalerService) -> APIRouter:

@@ -214,15 +214,3 @@ def cmd_down(args: argparse.Namespace) -> int:
     else:
         print(f"the cluster at {info.address} was not running; removed its state file")
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Stand-alone entry (``python -m relax.cluster.cli up``) until relax/cli.py hooks the parser in."""
-    parser = argparse.ArgumentParser(prog="relax")
-    add_cluster_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return int(args.func(args))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

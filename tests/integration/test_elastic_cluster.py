@@ -205,7 +205,7 @@ def test_autoscaling_config_is_complete() -> None:
 
 
 def _cli(state_dir: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "relax.cluster.cli", "cluster", *args, "--state-dir", state_dir],
+    return subprocess.run([sys.executable, "-m", "relax.cli", "cluster", *args, "--state-dir", state_dir],
                           capture_output=True, text=True, timeout=timeout)
 
 

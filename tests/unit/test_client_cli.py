@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from relax import client_cli
+from relax import cli, client_cli
 from relax.rollout.control_plane import ControlPlane, LocalBackend
 
 TOKEN = "cli-test-token"
@@ -63,7 +63,7 @@ def relax(server, monkeypatch, capsys):
 
     def run(*argv: str, url: str | None = None) -> tuple[int, str, str]:
         capsys.readouterr()
-        code = client_cli.main([*argv, "--url", url or server.url])
+        code = cli.main([*argv, "--url", url or server.url])
         out, err = capsys.readouterr()
         return code, out, err
 
@@ -101,11 +101,11 @@ def test_add_client_parsers_registers_the_four_commands():
 
 
 def test_usage_errors_exit_2(relax, capsys):
-    assert client_cli.main(["scale-out", "six"]) == 2
+    assert cli.main(["scale-out", "six"]) == 2
     assert "invalid int value" in capsys.readouterr().err
     code, _, err = relax("scale-out")
     assert code == 2 and "give N" in err
-    assert client_cli.main(["--help"]) == 0
+    assert cli.main(["--help"]) == 0
 
 
 # -- engines ------------------------------------------------------------------------------------------
@@ -129,7 +129,7 @@ def test_engines_json(relax):
 def test_url_from_environment(server, monkeypatch, capsys):
     monkeypatch.setenv("RELAX_API_TOKEN", TOKEN)
     monkeypatch.setenv("RELAX_API_URL", server.url + "/")
-    assert client_cli.main(["engines"]) == 0
+    assert cli.main(["engines"]) == 0
     assert "engine_0" in capsys.readouterr().out
 
 

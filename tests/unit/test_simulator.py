@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from relax.autoscaler.cli import add_autoscaler_parser, main
+from relax.autoscaler.cli import add_autoscaler_parser
 from relax.autoscaler.config import AutoscalerConfig
 from relax.autoscaler.simulator import (
     RELAX_TUNED,
@@ -24,6 +24,7 @@ from relax.autoscaler.simulator import (
     simulate,
 )
 from relax.autoscaler.traces import Phase, Trace, TracePoint
+from relax.cli import main
 
 MIN = 60.0
 STEP_UP, STEP_DOWN = 3 * MIN, 11 * MIN
