@@ -1,14 +1,17 @@
 """Scaling by REST while the tiny training runs: 2 → 4 → 2 engines, training advancing throughout, joining
-engines serving only the current weights, and no sample older than the staleness bound."""
+engines serving only the current weights, and no sample older than the staleness bound. The run then gets a
+SIGTERM: it stops cleanly with a checkpoint of its last step, and every process it started is gone."""
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from relax.cluster.network import free_port
@@ -32,8 +35,9 @@ def request_done(api: RunApi, direction: str, request_id: str) -> dict | None:
 def test_rest_scaling_while_training(tiny_preset, tmp_path: Path) -> None:
     port = free_port()
     api = RunApi(f"http://127.0.0.1:{port}")
-    out = tmp_path / "run"
-    argv = tiny_train_argv(tiny_preset, out, num_rollout=400, max_staleness=1, extra=("--api-port", str(port)))
+    out, ckpt = tmp_path / "run", tmp_path / "ckpt"
+    argv = tiny_train_argv(tiny_preset, out, num_rollout=400, max_staleness=1,
+                           extra=("--api-port", str(port), "--save", str(ckpt)))
     log_path = tmp_path / "driver.log"
     with log_path.open("w") as log:
         driver = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -62,13 +66,22 @@ def test_rest_scaling_while_training(tiny_preset, tmp_path: Path) -> None:
         shrunk = api.training_step()
         assert [e["kind"] for e in api.engines()] == ["initial", "initial"]
         wait_until(lambda: api.training_step() > shrunk, 120, "training to keep advancing after scale-in")
+        started = {p.pid for p in psutil.Process(driver.pid).children(recursive=True)}
+        assert started, "the driver should have started Ray and engine processes"
     finally:
         driver.send_signal(signal.SIGTERM)
         try:
             driver.wait(timeout=120)
         except subprocess.TimeoutExpired:
-            driver.kill()
-    assert driver.returncode == 0, log_path.read_text()[-3000:]
+            os.killpg(driver.pid, signal.SIGKILL)
+    text = log_path.read_text()
+    assert driver.returncode == 0, text[-3000:]
+    assert "SIGTERM: stopping after step" in text
+    steps_logged = len([r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+                        if r["kind"] == "train"])
+    assert (ckpt / "latest").read_text().strip() == f"step_{steps_logged:06d}"
+    wait_until(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+                               for p in started), 60, "every process the run started to exit")
     rows = [json.loads(line) for line in (out / "sample_versions.jsonl").read_text().splitlines()]
     assert len(rows) >= 9
     for row in rows:  # the trainer never got a sample older than --max-staleness 1

@@ -129,9 +129,22 @@ def test_bad_scale_bodies_change_nothing(elastic, body, field) -> None:
 
 
 def test_unplaceable_scale_out_rolls_back_and_cancel_is_sticky(elastic) -> None:
-    free = int(ray.available_resources().get("GPU", 0))
-    blocker = placement_group([{"GPU": 1, "CPU": 1}] * free, strategy="PACK", name="test-blocker")
-    ray.get(blocker.ready(), timeout=60)  # take the free GPUs: new engines cannot be placed
+    blockers = []
+
+    def free_gpus() -> int:
+        return int(ray.available_resources().get("GPU", 0))
+
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # take every free GPU, including ones released late by earlier tests
+        if free_gpus():
+            group = placement_group([{"GPU": 1, "CPU": 0.01}] * free_gpus(), name=f"test-blocker-{len(blockers)}")
+            ray.get(group.ready(), timeout=60)
+            blockers.append(group)
+        if not free_gpus():
+            time.sleep(1.0)  # released resources show up in the next resource report
+            if not free_gpus():
+                break
+    assert free_gpus() == 0
     try:
         status, body = call(elastic, "scale_out", {"num_replicas": 2, "timeout_secs": 3})
         assert status == 200
@@ -147,7 +160,8 @@ def test_unplaceable_scale_out_rolls_back_and_cancel_is_sticky(elastic) -> None:
         status, _ = call(elastic, "cancel_scale_out", request_id)
         assert status == 400
     finally:
-        remove_placement_group(blocker)
+        for group in blockers:
+            remove_placement_group(group)
     assert [e["kind"] for e in engines(elastic)] == ["initial"]
     pending = [n for n, state in groups_by_name().items() if n.startswith("relax-engine") and state != "REMOVED"]
     assert pending == []
