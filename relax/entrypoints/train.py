@@ -241,6 +241,7 @@ class Driver:
             total = self.plan.num_rollout
             last_done: tuple[int, dict[str, int] | None] | None = None
             last_saved = -1
+            progress = _progress_bar(total, start_step)
             try:
                 for step in range(start_step, total):
                     if self.stop.requested:
@@ -248,6 +249,7 @@ class Driver:
                     cursor_end = self._train_one(step, total, metrics, versions_log)
                     done = step + 1
                     last_done = (done, cursor_end)
+                    progress.update(done, metrics.train_rows[-1])
                     if self.args.eval_interval and done % self.args.eval_interval == 0 and self.args.eval_prompt_data:
                         self._evaluate(metrics, done)
                     if self.args.save and self.args.save_interval and done % self.args.save_interval == 0:
@@ -255,6 +257,8 @@ class Driver:
                         last_saved = done
             except _StopRequested:
                 pass
+            finally:
+                progress.close()
             if self.stop.requested:
                 log.warning("%s: stopping after step %s", self.stop.signal_name, last_done[0] if last_done else "-")
                 if self.args.save and last_done is not None and last_done[0] != last_saved:
@@ -401,6 +405,37 @@ class Driver:
         remove_groups(self.groups)
         if ray.is_initialized():
             ray.shutdown()
+
+
+class _Progress:
+    """A progress bar on an interactive terminal (rich); nothing when output goes to a file or a job log."""
+
+    def __init__(self, total: int, start: int) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self._bar = Progress(TextColumn("training"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                             TextColumn("{task.fields[info]}"), transient=False)
+        self._task = self._bar.add_task("train", total=total, completed=start, info="")
+        self._bar.start()
+
+    def update(self, done: int, row: dict[str, Any]) -> None:
+        info = f"reward {row.get('rollout/reward_mean', float('nan')):.3f}  engines {row.get('engines/active', '?')}"
+        self._bar.update(self._task, completed=done, info=info)
+
+    def close(self) -> None:
+        self._bar.stop()
+
+
+class _NoProgress:
+    def update(self, done: int, row: dict[str, Any]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _progress_bar(total: int, start: int) -> _Progress | _NoProgress:
+    return _Progress(total, start) if sys.stderr.isatty() and sys.stdout.isatty() else _NoProgress()
 
 
 def _tokens_per_s(samples: list[Any], seconds: float | None) -> float:

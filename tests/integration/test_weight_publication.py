@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import httpx
 import pytest
@@ -100,3 +101,16 @@ def test_requests_survive_an_engine_dying(stack) -> None:
     assert states[victim] == "FAILED"
     events = ray.get(manager.recent_events.remote(20))
     assert any(e["kind"] == "engine_failed" and victim in e["engine_ids"] for e in events)
+
+    # an initial engine that dies is restarted in its own bundle, with the current weights
+    def restarted() -> list:
+        return [e for e in ray.get(manager.engines.remote()) if e["status"] == "ACTIVE"]
+
+    deadline = time.monotonic() + 120
+    while len(restarted()) < 2:
+        assert time.monotonic() < deadline, "the failed initial engine was not replaced"
+        time.sleep(0.2)
+    replacement = next(e for e in restarted() if e["engine_id"] not in {x["engine_id"] for x in engines})
+    assert replacement["kind"] == "initial" and replacement["weight_version"] == 1
+    events = ray.get(manager.recent_events.remote(50))
+    assert any(e["kind"] == "engine_restarted" and victim in e["engine_ids"] for e in events)
