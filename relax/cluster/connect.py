@@ -17,11 +17,24 @@ from relax.config.plan import Plan
 log = logging.getLogger("relax.cluster")
 
 
+def _env_only_new(runtime_env: dict | None, *, skip_inherited: bool) -> dict | None:
+    """Drop empty env vars and, inside a Ray job, those this process already has: they come from the job's
+    runtime env, and Ray refuses a driver runtime env that names the same keys again (the job's values win)."""
+    if not runtime_env:
+        return runtime_env
+    env = {k: v for k, v in runtime_env.get("env_vars", {}).items()
+           if v and not (skip_inherited and k in os.environ)}
+    rest = {k: v for k, v in runtime_env.items() if k != "env_vars"}
+    merged = {**rest, **({"env_vars": env} if env else {})}
+    return merged or None
+
+
 def connect(plan: Plan, *, runtime_env: dict | None = None) -> str:
     """Initialise Ray for the driver; returns "cluster" or "embedded"."""
     address = os.environ.get("RAY_ADDRESS")
     if address:
-        ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
+        ray.init(address=address, runtime_env=_env_only_new(runtime_env, skip_inherited=True),
+                 log_to_driver=True)
         log.info("connected to the Ray cluster at %s", address)
         return "cluster"
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # MACHINE-NOTES: token auth hangs local drivers
@@ -35,7 +48,7 @@ def connect(plan: Plan, *, runtime_env: dict | None = None) -> str:
         num_gpus=gpus,
         resources=resources or None,
         include_dashboard=False,
-        runtime_env=runtime_env,
+        runtime_env=_env_only_new(runtime_env, skip_inherited=False),
         log_to_driver=True,
     )
     log.info("started an embedded Ray cluster: %d logical GPUs, %d CPUs%s", gpus, gpus + 2,
