@@ -33,6 +33,7 @@ log = logging.getLogger("relax.rollout")
 HEALTH_INTERVAL_S = 5.0
 HEALTH_TIMEOUT_S = 10.0
 HEALTH_FAILURES_BEFORE_FAILED = 2
+ACTOR_START_ATTEMPTS = 2
 
 
 @dataclass
@@ -103,23 +104,35 @@ class EngineLifecycle:
             )
         else:
             options = BuiltinOptions(max_running_requests=self.cfg.max_running_requests, num_threads=1)
-        actor = spawn_engine_actor(
-            engine_id,
-            backend,
-            self.cfg.model_path,
-            placement_group=slot.placement_group,
-            bundle_index=slot.bundle_index,
-            num_gpus=1,
-            num_cpus=1,
-            weight_version=0,
-            options=options,
-            host=resolve_engine_host(self.cfg.engine_host),
-            log_dir=self.cfg.engine_log_dir,
-            env=self.cfg.engine_env,
-            on_eviction=(me, "notify_eviction"),
-        )
-        self._actors[engine_id] = actor
-        return await actor.start.remote()
+        for attempt in range(1, ACTOR_START_ATTEMPTS + 1):
+            actor = spawn_engine_actor(
+                engine_id,
+                backend,
+                self.cfg.model_path,
+                placement_group=slot.placement_group,
+                bundle_index=slot.bundle_index,
+                num_gpus=1,
+                num_cpus=1,
+                weight_version=0,
+                options=options,
+                host=resolve_engine_host(self.cfg.engine_host),
+                log_dir=self.cfg.engine_log_dir,
+                env=self.cfg.engine_env,
+                on_eviction=(me, "notify_eviction"),
+            )
+            self._actors[engine_id] = actor
+            try:
+                return await actor.start.remote()
+            except ray.exceptions.RayActorError as exc:
+                # The actor's *process* died (a node under pressure, a library that failed to load): that is
+                # worth one more try in the same bundle. A server that fails to start is not (ServerLaunchError).
+                if attempt == ACTOR_START_ATTEMPTS:
+                    raise
+                log.warning("%s: engine actor died while starting (%s); retrying in the same bundle", engine_id,
+                            str(exc).splitlines()[0])
+                with contextlib.suppress(Exception):
+                    ray.kill(actor, no_restart=True)
+        raise AssertionError("unreachable")
 
     def _check_cancelled(self: RolloutManager, engine_id: str) -> None:
         """Raise when the scale-out that created this engine was cancelled (cancel is sticky)."""
