@@ -309,8 +309,8 @@ class AutoscalerService:
         backoff_base_secs: float = 30.0,
         backoff_max_secs: float = 300.0,
     ) -> None:
-        """``scrape_timeout`` bounds one engine's ``/metrics`` request (default: half the metrics interval,
-        between 0.5 s and 5 s, so a hung engine cannot delay the next scrape); ``engine_token`` is sent as
+        """``scrape_timeout`` bounds one engine's ``/metrics`` request (default: 90% of the metrics interval,
+        between 1 s and 5 s, so a hung engine cannot delay the next scrape); ``engine_token`` is sent as
         a bearer token to engines that require one."""
         if scrape_timeout is not None and scrape_timeout <= 0:
             raise ValueError(f"scrape_timeout must be positive, got {scrape_timeout}")
@@ -354,7 +354,9 @@ class AutoscalerService:
     def scrape_timeout(self) -> float:
         if self._scrape_timeout is not None:
             return self._scrape_timeout
-        return min(5.0, max(0.5, self._config.metrics_interval_secs / 2))
+        # Overloaded engines answer /metrics slowly, and those are the ones whose numbers matter most for a
+        # scale-out: give them most of the interval rather than half of it.
+        return min(5.0, max(1.0, 0.9 * self._config.metrics_interval_secs))
 
     def set_enabled(self, enabled: bool) -> bool:
         """Turn acting on or off (``POST /autoscaler/enable``); returns the previous value.

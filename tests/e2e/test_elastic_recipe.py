@@ -47,6 +47,22 @@ def submit(cluster, preset, exp: Path, api_port: int, **overrides: str) -> str:
     return submit_tiny_job(env)
 
 
+def diagnostics(api: RunApi, jobs, job_id: str) -> str:
+    """What an operator would look at: the autoscaler's view, the scale requests, the job log's tail."""
+    import json
+
+    import httpx
+
+    parts = []
+    for path in ("/autoscaler/status", "/autoscaler/scale_history", "/rollout/scale_out"):
+        try:
+            parts.append(f"{path}: {json.dumps(httpx.get(api.url + path, timeout=5, trust_env=False).json())[:3000]}")
+        except Exception as exc:  # diagnostics must not hide the real failure
+            parts.append(f"{path}: {exc!r}")
+    parts.append("job log tail:\n" + jobs.get_job_logs(job_id)[-6000:])
+    return "\n".join(parts)
+
+
 def end_status(jobs, job_id: str, timeout: float) -> str:
     return str(wait_until(lambda: jobs.get_job_status(job_id).is_terminal() and jobs.get_job_status(job_id),
                           timeout, f"job {job_id} to end"))
@@ -77,7 +93,10 @@ def test_recipe_three_checks_on_an_elastic_cluster(cluster, jobs, tiny_preset, t
         load_started = time.monotonic()
         burst = start_burst([e["url"] for e in api.active()])  # bounded, loopback only
         try:
-            grown = wait_until(lambda: len(api.active()) > 2 and api.active(), 240, "more than two ACTIVE engines")
+            try:
+                grown = wait_until(lambda: len(api.active()) > 2 and api.active(), 240, "more than two ACTIVE engines")
+            except TimeoutError as exc:
+                raise AssertionError(f"{exc}\n{diagnostics(api, jobs, job_id)}") from None
             first_extra_s = time.monotonic() - load_started
         finally:
             burst.wait(timeout=600)
