@@ -38,7 +38,7 @@ import asyncio, sys
 from relax.engines.loadgen import run_burst
 prompt = sys.argv[1]
 async def main():
-    await asyncio.gather(*(run_burst(u, prompt, requests=600, concurrency=200, max_new_tokens=200)
+    await asyncio.gather(*(run_burst(u, prompt, requests=400, concurrency=200, max_new_tokens=200)
                            for u in sys.argv[2:]))
 asyncio.run(main())
 """
@@ -153,7 +153,7 @@ def run_elastic_demo(workdir: Path, *, num_rollout: int = 150, console: Console 
 
         wait_until(lambda: len(api.active()) == 2 and api.training_step() >= 3, 300, "training on 2 engines")
         show("check 1: training advances on the initial engines")
-        console.print("[bold]4. load[/]: a bounded burst of 1200 requests on the engines (loopback)")
+        console.print("[bold]4. load[/]: a bounded burst of 800 requests on the engines (loopback)")
         began = time.monotonic()
         burst = start_burst([e["url"] for e in api.active()])
         try:
