@@ -16,19 +16,26 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from relax.data.buffer import SampleBuffer, staleness_stats
+from relax.data.buffer import SampleBuffer
 from relax.data.dataset import PromptCursor, PromptStream, load_prompt_data
 from relax.data.rewards import get_reward_fn
 from relax.data.sample import PromptGroup
 from relax.data.staleness import StalenessGate
-from relax.engines.client import EngineClient, EngineError, EngineUnavailable
+from relax.engines.client import EngineClient
 from relax.logs import setup_logging
 from relax.rollout.elastic import ElasticScaling, envelope
 from relax.rollout.engine_lifecycle import EngineLifecycle, EngineSlot
 from relax.rollout.events import EventKind, EventLog
 from relax.rollout.generator import Generation, SamplingSettings, generate_group
 from relax.rollout.pool import EngineKind, EnginePool
-from relax.rollout.router import NoEngineAvailable, Router
+from relax.rollout.router import (
+    FailureKind,
+    NoEngineAvailable,
+    RetryPolicy,
+    Router,
+    classify_error,
+    failure_from_finish_reason,
+)
 from relax.rollout.scaling import ScaleRequestRegistry
 from relax.training.evaluation import evaluate_datasets
 from relax.training.weights import WeightManifest, WeightRegistry
@@ -110,6 +117,7 @@ class RolloutManager(EngineLifecycle, ElasticScaling):
         self.reward_fn = get_reward_fn(config.rm_type or "tiny", config.custom_rm_path)
         self.pool = EnginePool(time.time)
         self.router = Router()
+        self.retry_policy = RetryPolicy(max_attempts=config.max_attempts)
         self.events = EventLog(time.time)
         self.registry = WeightRegistry()
         self.buffer = SampleBuffer()
@@ -193,11 +201,19 @@ class RolloutManager(EngineLifecycle, ElasticScaling):
 
     # ------------------------------------------------------------------ dispatch (router + retry)
     async def generate(self, group_key: str, input_ids: list[int], sampling_params: dict[str, Any]) -> Generation:
-        last_error: BaseException | None = None
-        for _attempt in range(self.cfg.max_attempts):
-            engine_id = await self._acquire(group_key)
+        """One generation on an ACTIVE engine; failures are retried elsewhere as `RetryPolicy` decides.
+
+        A sample is never silently lost: a request that cannot be served ends in `SampleLostError`.
+        """
+        excluded: frozenset[str] = frozenset()
+        attempt = 0
+        while True:
+            attempt += 1
+            engine_id = await self._acquire(group_key, excluded)
             version = self.pool.get(engine_id).weight_version or 0
             self.pool.set_in_flight(engine_id, self.router.in_flight(engine_id))
+            failure: FailureKind | None = None
+            error: BaseException | None = None
             try:
                 out = await self._clients[engine_id].generate(
                     input_ids=input_ids,
@@ -206,25 +222,29 @@ class RolloutManager(EngineLifecycle, ElasticScaling):
                     rid=uuid.uuid4().hex,
                     timeout=self.cfg.request_timeout_s,
                 )
-            except EngineUnavailable as exc:
-                last_error = exc
-                await self._on_engine_failure(engine_id, exc)
-                continue
+            except Exception as exc:
+                failure, error = classify_error(exc), exc
             finally:
                 self.router.release(engine_id)
                 self._note_release(engine_id)
-            assert isinstance(out, dict)
-            if (out["meta_info"].get("finish_reason") or {}).get("type") == "abort":
-                last_error = RuntimeError(f"aborted on {engine_id}")
-                continue  # drained or evicted engine: retried on another one, never dropped
-            self._tokens_generated += int(out["meta_info"].get("completion_tokens", 0))
-            return Generation(engine_id=engine_id, output=out, dispatch_version=version)
-        raise SampleLostError(f"request failed on {self.cfg.max_attempts} attempts: {last_error}")
+            if failure is None:
+                assert isinstance(out, dict)
+                failure = failure_from_finish_reason(out["meta_info"].get("finish_reason"))
+                error = RuntimeError(f"aborted on {engine_id}") if failure else None
+            if failure is None:
+                self._tokens_generated += int(out["meta_info"].get("completion_tokens", 0))
+                return Generation(engine_id=engine_id, output=out, dispatch_version=version)
+            if failure is FailureKind.ENGINE_UNAVAILABLE and error is not None:
+                await self._on_engine_failure(engine_id, error)
+            decision = self.retry_policy.decide(failure, attempt=attempt, engine_id=engine_id, excluded=excluded)
+            if not decision:
+                raise SampleLostError(f"request failed on {engine_id}: {decision.reason}: {error}") from error
+            excluded = decision.exclude
 
-    async def _acquire(self, group_key: str) -> str:
+    async def _acquire(self, group_key: str, excluded: frozenset[str] = frozenset()) -> str:
         while True:
             try:
-                return self.router.acquire(group_key)
+                return self.router.acquire(group_key, exclude=excluded)
             except NoEngineAvailable:
                 self._routable.clear()
                 await self._routable.wait()
@@ -456,4 +476,4 @@ def _rollout_metrics(groups: list[PromptGroup], stats: _StepStats) -> dict[str, 
     }
 
 
-__all__ = ["EngineError", "ManagerConfig", "RolloutManager", "SampleLostError", "staleness_stats"]
+__all__ = ["ManagerConfig", "RolloutManager", "SampleLostError"]
