@@ -23,6 +23,7 @@ ELASTIC_ARGS=(
   --resource '{"actor": [1, 2], "rollout": [1, 2]}'
   --rollout-num-gpus-per-engine 1
   --autoscaler-config "$AUTOSCALER_CONFIG"
+  --scale-out-partial-success-policy keep_partial   # keep the engines that came up; the autoscaler asks again
   "${AFFINITY_ARGS[@]}"
 )
 CKPT_ARGS=(--hf-checkpoint "$MODEL_DIR/model/" --output-dir "$EXP_DIR/tiny-elastic/")
