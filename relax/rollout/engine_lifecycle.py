@@ -31,8 +31,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("relax.rollout")
 
 HEALTH_INTERVAL_S = 5.0
-HEALTH_TIMEOUT_S = 10.0
-HEALTH_FAILURES_BEFORE_FAILED = 2
+HEALTH_TIMEOUT_S = 20.0
+HEALTH_FAILURES_BEFORE_FAILED = 3  # consecutive /health failures of a live process = hung
 ACTOR_START_ATTEMPTS = 2
 
 
@@ -271,10 +271,32 @@ class EngineLifecycle:
             slot.placement_group = None
 
     # ------------------------------------------------------------------ failure and eviction
-    async def _on_engine_failure(self: RolloutManager, engine_id: str, exc: BaseException) -> None:
-        """Out of routing at once (its requests retry elsewhere); initial engines restart in their bundle."""
+    async def _process_alive(self: RolloutManager, engine_id: str) -> bool | None:
+        """Whether the engine's server process runs (None for external engines: Relax cannot see it)."""
+        actor = self._actors.get(engine_id)
+        if actor is None:
+            return None
+        try:
+            return bool(await asyncio.wait_for(actor.is_alive.remote(), timeout=HEALTH_TIMEOUT_S))
+        except Exception:  # the actor itself is gone or stuck
+            return False
+
+    async def _on_engine_failure(self: RolloutManager, engine_id: str, exc: BaseException, *,
+                                 confirmed: bool = False) -> None:
+        """Out of routing at once (its requests retry elsewhere); initial engines restart in their bundle.
+
+        A request that could not reach an engine is not proof that the engine died: under a burst a healthy
+        server can be slow to answer. Unless `confirmed`, the engine is failed only when its process is gone
+        (or, for external engines, which Relax cannot look into, at once).
+        """
         record = self.pool.get(engine_id)
         if record.state is not EngineState.ACTIVE:  # a draining engine is already on its way out
+            return
+        if not confirmed and await self._process_alive(engine_id):
+            log.info("%s did not answer a request (%s) but its server runs: kept, the request is retried "
+                     "elsewhere", engine_id, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            return
+        if self.pool.get(engine_id).state is not EngineState.ACTIVE:  # changed while we looked
             return
         self.router.remove(engine_id)
         self.pool.transition(engine_id, EngineState.FAILED, error=str(exc)[:500])
@@ -339,16 +361,23 @@ class EngineLifecycle:
     async def _health_loop(self: RolloutManager) -> None:
         """Probe ACTIVE engines; a dead or repeatedly unhealthy one is failed and its requests retried."""
         failures: dict[str, int] = {}
+
+        async def probe(engine_id: str) -> None:
+            client = self._clients.get(engine_id)
+            if client is None:
+                return
+            if await self._process_alive(engine_id) is False:
+                await self._on_engine_failure(engine_id, RuntimeError("server process exited"), confirmed=True)
+                return
+            healthy = await client.is_healthy(generate=False, timeout=HEALTH_TIMEOUT_S)
+            failures[engine_id] = 0 if healthy else failures.get(engine_id, 0) + 1
+            if failures[engine_id] >= HEALTH_FAILURES_BEFORE_FAILED:  # alive but hung
+                await self._on_engine_failure(
+                    engine_id, RuntimeError(f"/health failed {failures[engine_id]} times in a row"), confirmed=True)
+
         while not self._shutting_down:
             await asyncio.sleep(HEALTH_INTERVAL_S)
-            for record in self.pool.active():
-                client = self._clients.get(record.engine_id)
-                if client is None:
-                    continue
-                healthy = await client.is_healthy(generate=False, timeout=HEALTH_TIMEOUT_S)
-                failures[record.engine_id] = 0 if healthy else failures.get(record.engine_id, 0) + 1
-                if failures[record.engine_id] >= HEALTH_FAILURES_BEFORE_FAILED:
-                    await self._on_engine_failure(record.engine_id, RuntimeError("health check failed"))
+            await asyncio.gather(*(probe(r.engine_id) for r in self.pool.active()), return_exceptions=True)
 
     def _spawn_background(self: RolloutManager, coro: Any) -> None:
         task = asyncio.create_task(coro)

@@ -191,7 +191,7 @@ class RolloutManager(EngineLifecycle, ElasticScaling):
                                            return_exceptions=True)
             for eid, res in zip(behind, results, strict=True):
                 if isinstance(res, BaseException):
-                    await self._on_engine_failure(eid, res)
+                    await self._on_engine_failure(eid, res, confirmed=True)  # never serve stale weights
             log.info("weights v%d on %d engine(s) in %.2fs", latest.version, len(behind), time.monotonic() - began)
             self._state_changed.set()
 
