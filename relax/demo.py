@@ -185,9 +185,12 @@ def run_training_demo(workdir: Path, *, num_rollout: int) -> int:
     return subprocess.call(argv)
 
 
-def run_demo(
-    workdir: Path, *, concurrency: int, requests: int, engine_only: bool = False, num_rollout: int = 60
-) -> int:
+def run_demo(workdir: Path, *, concurrency: int, requests: int, engine_only: bool = False, local: bool = False,
+             num_rollout: int | None = None) -> int:
     if engine_only:
         return run_engine_demo(workdir, concurrency=concurrency, requests=requests)
-    return run_training_demo(workdir, num_rollout=num_rollout)
+    if local:
+        return run_training_demo(workdir, num_rollout=num_rollout or 60)
+    from relax.elastic_demo import run_elastic_demo
+
+    return run_elastic_demo(workdir, num_rollout=num_rollout or 150, console=console)

@@ -148,8 +148,8 @@ def run_elastic_demo(workdir: Path, *, num_rollout: int = 150, console: Console 
         def show(label: str) -> None:
             nodes = len(read_status(info.address).elastic_nodes)
             pool = ", ".join(f"{e['engine_id']}({e['kind']}:{e['status']})" for e in api.engines())
-            console.print(f"   [{label}] training step {api.training_step()}/{num_rollout}; "
-                          f"elastic nodes {nodes}; engines {pool}")
+            console.print(f"   {label}\n     training step {api.training_step()}/{num_rollout}; "
+                          f"elastic nodes {nodes}; engines {pool}", markup=False)
 
         wait_until(lambda: len(api.active()) == 2 and api.training_step() >= 3, 300, "training on 2 engines")
         show("check 1: training advances on the initial engines")
