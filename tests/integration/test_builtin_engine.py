@@ -47,13 +47,6 @@ async def _metrics(client: httpx.AsyncClient) -> dict[str, float]:
     return out
 
 
-async def _running_at_most_four(client: httpx.AsyncClient, seen: dict[str, float]) -> bool:
-    m = await _metrics(client)
-    seen["sglang:num_running_reqs"] = max(m["sglang:num_running_reqs"], seen.get("sglang:num_running_reqs", 0.0))
-    assert m["sglang:num_running_reqs"] <= 4
-    return seen["sglang:num_running_reqs"] == 4
-
-
 async def _poll(predicate: Callable[[], object], timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -150,21 +143,31 @@ async def test_concurrent_requests_are_batched(client, engine, prompt_text) -> N
 async def test_queue_metrics_rise_under_load_and_empty_when_idle(client, prompt_text) -> None:
     before = await _metrics(client)
     params = {"max_new_tokens": 230, "ignore_eos": True}
-    load = asyncio.gather(*[
-        client.post("/generate", json={"text": prompt_text, "sampling_params": params}) for _ in range(16)
-    ])
+    # Hold generation while the burst arrives, so the queue is there by construction, not by timing.
+    await client.post("/pause_generation", json={"mode": "in_place"})
+    try:
+        load = asyncio.gather(*[
+            client.post("/generate", json={"text": prompt_text, "sampling_params": params}) for _ in range(16)
+        ])
+
+        async def all_queued() -> bool:
+            return (await _metrics(client))["sglang:num_queue_reqs"] == 16
+
+        await _poll(all_queued)
+    finally:
+        await client.post("/continue_generation")
     seen: dict[str, float] = {}
 
-    async def queued() -> bool:
+    async def batch_full() -> bool:
         m = await _metrics(client)
         seen.update({k: max(v, seen.get(k, 0.0)) for k, v in m.items()})
-        return m["sglang:num_queue_reqs"] > 0
+        assert m["sglang:num_running_reqs"] <= 4
+        return m["sglang:num_running_reqs"] == 4 and m["sglang:num_queue_reqs"] > 0
 
-    await _poll(queued)
-    await _poll(lambda: _running_at_most_four(client, seen))
-    assert seen["sglang:num_running_reqs"] == 4  # the batch is full while the queue holds the rest
+    await _poll(batch_full)  # four waves of four: the batch is full while the queue holds the rest
     assert seen["sglang:token_usage"] > 0 and seen["sglang:num_used_tokens"] > 0
     await load
+    assert (await _metrics(client))["sglang:gen_throughput"] > 0  # the 5 s window holds the burst just ended
 
     async def idle() -> bool:
         m = await _metrics(client)
@@ -173,7 +176,6 @@ async def test_queue_metrics_rise_under_load_and_empty_when_idle(client, prompt_
     await _poll(idle)
     after = await _metrics(client)
     assert after["sglang:token_usage"] == 0
-    assert seen["sglang:gen_throughput"] > 0  # measured while the burst ran (the gauge decays over 5 s)
     for name in ("queue_time_seconds", "time_to_first_token_seconds", "e2e_request_latency_seconds"):
         key = f"sglang:{name}_count"
         assert after[key] - before.get(key, 0) >= 16
