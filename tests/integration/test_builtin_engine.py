@@ -56,6 +56,29 @@ async def _poll(predicate: Callable[[], object], timeout: float = 30.0) -> None:
     raise AssertionError("condition not met before the deadline")
 
 
+async def _freeze_running(client: httpx.AsyncClient, bodies: list[dict], attempts: int = 5) -> list[asyncio.Task]:
+    """Start the requests, wait until all of them run, and freeze the batch there (pause in place).
+
+    A 220-token request can finish on a busy machine between seeing it run and pausing; then the
+    precondition did not hold, so let that round finish and start again. Callers must continue_generation.
+    """
+    for _ in range(attempts):
+        tasks = [asyncio.create_task(client.post("/generate", json=body)) for body in bodies]
+
+        async def all_running_or_one_done(tasks: list[asyncio.Task] = tasks) -> bool:
+            running = (await _metrics(client))["sglang:num_running_reqs"]
+            return running >= len(bodies) or any(t.done() for t in tasks)
+
+        await _poll(all_running_or_one_done)
+        await client.post("/pause_generation", json={"mode": "in_place"})
+        frozen = (await _metrics(client))["sglang:num_running_reqs"]
+        if frozen == len(bodies) and not any(t.done() for t in tasks):
+            return tasks
+        await client.post("/continue_generation")
+        await asyncio.gather(*tasks)
+    raise AssertionError(f"could not catch {len(bodies)} request(s) running in {attempts} attempts")
+
+
 def teacher_forced_logprobs(model_dir: Path, prompt_ids: list[int], output_ids: list[int], temperature: float):
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     ids = torch.tensor([prompt_ids + output_ids])
@@ -199,17 +222,10 @@ async def test_health_info_and_cache_endpoints(client, tiny_preset) -> None:
 
 async def test_abort_by_rid_and_all(client, prompt_text) -> None:
     params = {"max_new_tokens": 220, "ignore_eos": True}
-    long_a = asyncio.create_task(client.post("/generate", json={"text": prompt_text, "rid": "abort-a",
-                                                                 "sampling_params": params}))
-    long_b = asyncio.create_task(client.post("/generate", json={"text": prompt_text, "rid": "abort-b",
-                                                                 "sampling_params": params}))
-
-    async def both_running() -> bool:
-        return (await _metrics(client))["sglang:num_running_reqs"] >= 2
-
-    await _poll(both_running)
-    # freeze the batch so neither request can finish on its own while we abort (no race with a busy machine)
-    await client.post("/pause_generation", json={"mode": "in_place"})
+    long_a, long_b = await _freeze_running(client, [
+        {"text": prompt_text, "rid": "abort-a", "sampling_params": params},
+        {"text": prompt_text, "rid": "abort-b", "sampling_params": params},
+    ])
     try:
         r = await client.post("/abort_request", json={"rid": "abort-a"})
         assert r.status_code == 200 and r.json()["aborted"] == 1
@@ -243,14 +259,8 @@ async def test_pause_in_place_holds_requests_until_continue(client, prompt_text)
 
 
 async def test_pause_abort_mode_aborts_in_flight(client, prompt_text) -> None:
-    task = asyncio.create_task(client.post("/generate", json={
-        "text": prompt_text, "sampling_params": {"max_new_tokens": 220, "ignore_eos": True}}))
-
-    async def running() -> bool:
-        return (await _metrics(client))["sglang:num_running_reqs"] >= 1
-
-    await _poll(running)
-    await client.post("/pause_generation", json={"mode": "in_place"})  # freeze first: no race with completion
+    (task,) = await _freeze_running(client, [
+        {"text": prompt_text, "sampling_params": {"max_new_tokens": 220, "ignore_eos": True}}])
     try:
         await client.post("/pause_generation", json={"mode": "abort"})
     finally:
@@ -259,14 +269,8 @@ async def test_pause_abort_mode_aborts_in_flight(client, prompt_text) -> None:
 
 
 async def test_pause_retract_resumes_requests_to_completion(client, prompt_text) -> None:
-    task = asyncio.create_task(client.post("/generate", json={
-        "text": prompt_text, "sampling_params": {"max_new_tokens": 230, "ignore_eos": True}}))
-
-    async def running() -> bool:
-        return (await _metrics(client))["sglang:num_running_reqs"] >= 1
-
-    await _poll(running)
-    await client.post("/pause_generation", json={"mode": "in_place"})  # freeze first: no race with completion
+    (task,) = await _freeze_running(client, [
+        {"text": prompt_text, "sampling_params": {"max_new_tokens": 230, "ignore_eos": True}}])
     try:
         await client.post("/pause_generation", json={"mode": "retract"})
         m = await _metrics(client)

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import httpx
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
-from tests.integration.test_builtin_engine import _metrics, _poll, teacher_forced_logprobs
+from tests.integration.test_builtin_engine import _freeze_running, teacher_forced_logprobs
 
 
 @pytest.fixture(scope="module")
@@ -57,17 +55,15 @@ async def test_reload_changes_outputs_version_and_keeps_in_flight_requests(
     before = (await client.post("/generate", json=greedy)).json()
     assert before["meta_info"]["weight_version"] == "0"
 
-    # a long request in flight across the reload
-    in_flight = asyncio.create_task(client.post("/generate", json={
-        "input_ids": ids, "sampling_params": {"max_new_tokens": 230, "ignore_eos": True}}))
-
-    async def running() -> bool:
-        return (await _metrics(client))["sglang:num_running_reqs"] >= 1
-
-    await _poll(running)
-
-    r = await client.post("/update_weights_from_disk", json={"model_path": str(perturbed_dir), "weight_version": "1"})
-    assert r.status_code == 200 and r.json()["success"] is True
+    # a long request in flight across the reload, frozen in the batch so it cannot finish before the load
+    (in_flight,) = await _freeze_running(client, [
+        {"input_ids": ids, "sampling_params": {"max_new_tokens": 230, "ignore_eos": True}}])
+    try:
+        r = await client.post("/update_weights_from_disk",
+                              json={"model_path": str(perturbed_dir), "weight_version": "1"})
+        assert r.status_code == 200 and r.json()["success"] is True
+    finally:
+        await client.post("/continue_generation")
 
     survivor = (await in_flight).json()
     assert survivor["meta_info"]["finish_reason"] == {"type": "length", "length": 230}
