@@ -10,22 +10,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-
-def _positive_int(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}") from None
-    if n <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {n}")
-    return n
-
-
-def _port(value: str) -> int:
-    n = _positive_int(value)
-    if n > 65535:
-        raise argparse.ArgumentTypeError(f"port must be in 1..65535, got {n}")
-    return n
+from relax import argtypes
 
 
 def _cmd_preset(args: argparse.Namespace) -> int:
@@ -76,12 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve = engine_sub.add_parser("serve", help="serve a model over SGLang's native HTTP API")
     serve.add_argument("--model-path", required=True)
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: loopback only)")
-    serve.add_argument("--port", type=_port, default=30000)
-    serve.add_argument("--max-running-requests", type=_positive_int, default=64)
-    serve.add_argument("--max-total-tokens", type=_positive_int, default=32768)
+    serve.add_argument("--port", type=argtypes.fixed_port, default=30000)
+    serve.add_argument("--max-running-requests", type=argtypes.positive_int, default=64)
+    serve.add_argument("--max-total-tokens", type=argtypes.positive_int, default=32768)
     serve.add_argument("--weight-version", default="0")
     serve.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
-    serve.add_argument("--num-threads", type=_positive_int, default=1, help="torch CPU threads")
+    serve.add_argument("--num-threads", type=argtypes.positive_int, default=1, help="torch CPU threads")
     serve.add_argument("--seed", type=int, default=0, help="sampling seed")
     serve.add_argument("--served-model-name", default=None)
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -102,10 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--local", action="store_true",
                       help="embedded Ray cluster, no autoscaling (default: a local elastic cluster via ray-job.sh)")
     demo.add_argument("--engine-only", action="store_true", help="only the built-in engine under a request burst")
-    demo.add_argument("--num-rollout", type=_positive_int, default=None,
+    demo.add_argument("--num-rollout", type=argtypes.positive_int, default=None,
                       help="training steps (default 150 elastic, 60 --local)")
-    demo.add_argument("--concurrency", type=_positive_int, default=16, help="--engine-only: requests in flight")
-    demo.add_argument("--requests", type=_positive_int, default=64, help="--engine-only: requests in the burst")
+    demo.add_argument("--concurrency", type=argtypes.positive_int, default=16, help="--engine-only: requests in flight")
+    demo.add_argument("--requests", type=argtypes.positive_int, default=64, help="--engine-only: requests in the burst")
     demo.set_defaults(func=_cmd_demo)
     return parser
 

@@ -29,6 +29,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from relax import argtypes
+
 __all__ = ["DEFAULT_URL", "ApiClient", "ApiError", "add_client_parsers"]
 
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -487,23 +489,13 @@ def _cmd_scale_in(args: argparse.Namespace, client: ApiClient, console: Console)
 # -- parsers -------------------------------------------------------------------------------------------
 
 
-def _positive_float(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {value!r}") from None
-    if not number > 0 or number == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {value!r}")
-    return number
-
-
 def _common() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--url", default=None, metavar="URL",
                         help=f"control plane base URL (default ${URL_ENV}, else {DEFAULT_URL}); "
                         f"the token is read from ${TOKEN_ENV}")
     common.add_argument("--json", action="store_true", help="print the raw JSON answer instead of tables")
-    common.add_argument("--http-timeout", type=_positive_float, default=HTTP_TIMEOUT_S, metavar="SECS",
+    common.add_argument("--http-timeout", type=argtypes.positive_seconds, default=HTTP_TIMEOUT_S, metavar="SECS",
                         help=f"timeout of each HTTP call (default {HTTP_TIMEOUT_S:g})")
     return common
 
@@ -517,11 +509,11 @@ def _add_scale_arguments(parser: argparse.ArgumentParser, direction: str) -> Non
                         help="engine base URLs to " + ("attach (running SGLang servers)" if verb == "out"
                                                        else "remove (instead of N)"))
     parser.add_argument("--model-name", default="default", help="model (a run serves 'default')")
-    parser.add_argument("--timeout", type=_positive_float, default=None, metavar="SECS",
+    parser.add_argument("--timeout", type=argtypes.positive_seconds, default=None, metavar="SECS",
                         help="timeout_secs of the request (default: the run's --scale-" + verb
                         + ("-timeout" if verb == "out" else "-drain-timeout") + ")")
     parser.add_argument("--wait", action="store_true", help="poll the request until it ends and print its record")
-    parser.add_argument("--poll-interval", type=_positive_float, default=1.0, metavar="SECS",
+    parser.add_argument("--poll-interval", type=argtypes.positive_seconds, default=1.0, metavar="SECS",
                         help="--wait: seconds between polls (default 1)")
     parser.add_argument("--list", action="store_true", help=f"list recent scale-{verb} requests instead")
     parser.add_argument("--status", default=None, help="--list: only requests in this status")

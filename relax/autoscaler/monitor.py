@@ -39,6 +39,8 @@ from typing import TYPE_CHECKING, Any
 import httpx
 from rich.text import Text
 
+from relax import argtypes
+
 if TYPE_CHECKING:
     from textual.app import App
 
@@ -862,26 +864,6 @@ def make_app(
 # The command
 
 
-def _positive_seconds(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {value!r}") from None
-    if not number > 0 or math.isinf(number):
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {value!r}")
-    return number
-
-
-def _chart_points(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {value!r}") from None
-    if number < 2:
-        raise argparse.ArgumentTypeError(f"a chart needs at least 2 points, got {number}")
-    return number
-
-
 def _launch(app: App[int]) -> int:
     """Run the app in the terminal (a seam: tests check what would start without taking the terminal)."""
     app.run()
@@ -914,10 +896,11 @@ def add_monitor_parser(subparsers: Any) -> None:
     monitor.add_argument("--url", default=DEFAULT_URL, metavar="URL",
                          help=f"the autoscaler's base URL (default {DEFAULT_URL}); the bearer token is read from "
                          f"${TOKEN_ENV}")
-    monitor.add_argument("--interval", type=_positive_seconds, default=DEFAULT_INTERVAL_S, metavar="SECS",
+    monitor.add_argument("--interval", type=argtypes.positive_seconds, default=DEFAULT_INTERVAL_S, metavar="SECS",
                          help=f"seconds between polls (default {DEFAULT_INTERVAL_S:g})")
-    monitor.add_argument("--http-timeout", type=_positive_seconds, default=HTTP_TIMEOUT_S, metavar="SECS",
+    monitor.add_argument("--http-timeout", type=argtypes.positive_seconds, default=HTTP_TIMEOUT_S, metavar="SECS",
                          help=f"timeout of each HTTP call (default {HTTP_TIMEOUT_S:g})")
-    monitor.add_argument("--history-points", type=_chart_points, default=HISTORY_POINTS, metavar="N",
+    monitor.add_argument("--history-points", type=argtypes.int_at_least(2, "points in a chart"),
+                         default=HISTORY_POINTS, metavar="N",
                          help=f"polls kept for the charts (default {HISTORY_POINTS})")
     monitor.set_defaults(func=run_monitor)

@@ -19,6 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from relax import argtypes
+
 log = logging.getLogger("relax.cluster.cli")
 
 STATE_FILE = "cluster.json"
@@ -31,33 +33,6 @@ def default_state_dir() -> Path:
     return Path(env) if env else Path.home() / ".relax" / "cluster"
 
 
-def _nonneg_int(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {value!r}") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {n}")
-    return n
-
-
-def _port(value: str) -> int:
-    n = _nonneg_int(value)
-    if n > 65535:
-        raise argparse.ArgumentTypeError(f"port must be in 0..65535 (0 picks a free one), got {n}")
-    return n
-
-
-def _positive_float(value: str) -> float:
-    try:
-        x = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {value!r}") from None
-    if x <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {x}")
-    return x
-
-
 def add_cluster_parser(subparsers: Any) -> None:
     """Register ``cluster up|down|status`` on the top-level ``relax`` sub-parsers."""
     cluster = subparsers.add_parser("cluster", help="a local elastic Ray cluster with fake autoscaled GPU nodes")
@@ -68,19 +43,20 @@ def add_cluster_parser(subparsers: Any) -> None:
                        help=f"where the cluster's state file lives (default ${STATE_DIR_ENV} or ~/.relax/cluster)")
 
     up = sub.add_parser("up", help="start the cluster detached and print shell exports for it")
-    up.add_argument("--gpus", type=_nonneg_int, default=4, help="baseline logical GPUs on the head (default 4)")
-    up.add_argument("--cpus", type=_nonneg_int, default=None, help="head CPUs (default gpus + 2)")
-    up.add_argument("--max-elastic", type=_nonneg_int, default=4,
+    up.add_argument("--gpus", type=argtypes.non_negative_int, default=4,
+                    help="baseline logical GPUs on the head (default 4)")
+    up.add_argument("--cpus", type=argtypes.non_negative_int, default=None, help="head CPUs (default gpus + 2)")
+    up.add_argument("--max-elastic", type=argtypes.non_negative_int, default=4,
                     help="most elastic {GPU:1, CPU:1} nodes the autoscaler may add (default 4)")
     up.add_argument("--node-group", default="stable",
                     help="node group G of the head's markers {G}_gpu / {G}_cpu (default stable)")
-    up.add_argument("--idle-timeout-minutes", type=_positive_float, default=0.15,
+    up.add_argument("--idle-timeout-minutes", type=argtypes.positive_float, default=0.15,
                     help="idle elastic nodes are removed after this long (default 0.15)")
-    up.add_argument("--port", type=_port, default=0, help="GCS port (default 0: a free port)")
-    up.add_argument("--dashboard-port", type=_port, default=8265,
+    up.add_argument("--port", type=argtypes.port, default=0, help="GCS port (default 0: a free port)")
+    up.add_argument("--dashboard-port", type=argtypes.port, default=8265,
                     help="dashboard port for `ray job submit` (default 8265; 0 picks a free one)")
     up.add_argument("--no-dashboard", action="store_true", help="no dashboard (saves ~1 GB; no `ray job submit`)")
-    up.add_argument("--timeout", type=_positive_float, default=120.0, help="seconds to wait for the head")
+    up.add_argument("--timeout", type=argtypes.positive_float, default=120.0, help="seconds to wait for the head")
     state_dir_arg(up)
     up.set_defaults(func=cmd_up)
 
@@ -90,7 +66,7 @@ def add_cluster_parser(subparsers: Any) -> None:
     status.set_defaults(func=cmd_status)
 
     down = sub.add_parser("down", help="stop exactly the processes `relax cluster up` started")
-    down.add_argument("--timeout", type=_positive_float, default=30.0,
+    down.add_argument("--timeout", type=argtypes.positive_float, default=30.0,
                       help="seconds to wait for a graceful stop before SIGKILL")
     state_dir_arg(down)
     down.set_defaults(func=cmd_down)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, fields
 from enum import Enum
 from typing import IO, NoReturn
 
+from relax import argtypes
 from relax.config.megatron import COMPAT_FLAGS, Arity, ignored_options, ignored_warning, mapped_settings
 
 PROG = "python -m relax.entrypoints.train"
@@ -188,101 +189,6 @@ class TrainArgs:
 
 
 # --------------------------------------------------------------------------------------------------
-# Value types: each raises ArgumentTypeError with a message that says what is expected.
-
-
-def _positive_int(text: str) -> int:
-    value = _int(text, "a positive integer")
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    value = _int(text, "an integer >= 0")
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
-    return value
-
-
-def _top_k(text: str) -> int:
-    value = _int(text, "-1 (off) or a positive integer")
-    if value == 0 or value < -1:
-        raise argparse.ArgumentTypeError(f"must be -1 (off) or a positive integer, got {text!r}")
-    return value
-
-
-def _port(text: str) -> int:
-    value = _int(text, "a port number 0-65535")
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be a port number 0-65535 (0 picks a free port), got {text!r}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = _float(text, "a number > 0")
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    value = _float(text, "a number >= 0")
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}")
-    return value
-
-
-def _fraction(text: str) -> float:
-    value = _float(text, "a number in (0, 1]")
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"must be a number in (0, 1], got {text!r}")
-    return value
-
-
-def _beta(text: str) -> float:
-    value = _float(text, "a number in [0, 1)")
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"must be a number in [0, 1), got {text!r}")
-    return value
-
-
-def _int(text: str, expected: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be {expected}, got {text!r}") from None
-
-
-def _float(text: str, expected: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be {expected}, got {text!r}") from None
-    if value != value or value in (float("inf"), float("-inf")):
-        raise argparse.ArgumentTypeError(f"must be {expected}, got {text!r}")
-    return value
-
-
-def _enum_type(enum_cls: type[Enum]):
-    """argparse type that turns a string into ``enum_cls`` with a message listing the choices."""
-
-    def convert(text: str) -> Enum:
-        try:
-            return enum_cls(text)
-        except ValueError:
-            options = ", ".join(str(member.value) for member in enum_cls)
-            raise argparse.ArgumentTypeError(f"invalid choice {text!r}; choose from {options}") from None
-
-    convert.__name__ = enum_cls.__name__
-    return convert
-
-
-def _choices_metavar(enum_cls: type[Enum]) -> str:
-    return "{" + ",".join(str(member.value) for member in enum_cls) + "}"
-
-
-# --------------------------------------------------------------------------------------------------
 # Parser
 
 
@@ -342,13 +248,13 @@ def _add_mode_flags(group: argparse._ArgumentGroup) -> None:
 def _add_resource_flags(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--resource", metavar="JSON",
                        help='per role [replicas, gpus], e.g. \'{"actor": [1, 4], "rollout": [1, 4]}\'')
-    group.add_argument("--actor-num-nodes", type=_positive_int, metavar="N",
+    group.add_argument("--actor-num-nodes", type=argtypes.positive_int, metavar="N",
                        help="slime style: trainer nodes (used when --resource is absent)")
-    group.add_argument("--actor-num-gpus-per-node", type=_positive_int, metavar="N",
+    group.add_argument("--actor-num-gpus-per-node", type=argtypes.positive_int, metavar="N",
                        help="slime style: trainer GPUs per node (used when --resource is absent)")
-    group.add_argument("--rollout-num-gpus", type=_positive_int, metavar="N",
+    group.add_argument("--rollout-num-gpus", type=argtypes.positive_int, metavar="N",
                        help="slime style: rollout GPUs (used when --resource is absent)")
-    group.add_argument("--rollout-num-gpus-per-engine", type=_positive_int, default=1, metavar="N",
+    group.add_argument("--rollout-num-gpus-per-engine", type=argtypes.positive_int, default=1, metavar="N",
                        help="GPUs per rollout engine; the scaling unit (default 1)")
     group.add_argument("--autoscaler-config", metavar="YAML",
                        help="autoscaler config; the autoscaler runs when it says enabled: true")
@@ -358,14 +264,15 @@ def _add_resource_flags(group: argparse._ArgumentGroup) -> None:
 
 
 def _add_scaling_flags(group: argparse._ArgumentGroup) -> None:
-    group.add_argument("--scale-out-timeout", type=_positive_float, default=300.0, metavar="SECS",
+    group.add_argument("--scale-out-timeout", type=argtypes.positive_float, default=300.0, metavar="SECS",
                        help="whole scale-out budget: placement, start, health, weight sync (default 300)")
-    group.add_argument("--scale-out-partial-success-policy", type=_enum_type(PartialSuccessPolicy),
-                       default=PartialSuccessPolicy.ROLLBACK_ALL, metavar=_choices_metavar(PartialSuccessPolicy),
+    group.add_argument("--scale-out-partial-success-policy", type=argtypes.enum_type(PartialSuccessPolicy),
+                       default=PartialSuccessPolicy.ROLLBACK_ALL,
+                       metavar=argtypes.choices_metavar(PartialSuccessPolicy),
                        help="when only some new engines come up (default rollback_all)")
-    group.add_argument("--scale-in-drain-timeout", type=_positive_float, default=30.0, metavar="SECS",
+    group.add_argument("--scale-in-drain-timeout", type=argtypes.positive_float, default=30.0, metavar="SECS",
                        help="wait for in-flight requests before aborting and retrying them (default 30)")
-    group.add_argument("--scale-in-shutdown-timeout", type=_positive_float, default=30.0, metavar="SECS",
+    group.add_argument("--scale-in-shutdown-timeout", type=argtypes.positive_float, default=30.0, metavar="SECS",
                        help="graceful engine shutdown before kill (default 30)")
 
 
@@ -379,7 +286,7 @@ def _add_data_flags(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--rollout-shuffle", action="store_true", help="shuffle prompts every epoch")
     group.add_argument("--rollout-seed", type=int, default=42, metavar="N",
                        help="seed of the prompt shuffle (default 42)")
-    group.add_argument("--rm-type", type=_enum_type(RewardType), metavar=_choices_metavar(RewardType),
+    group.add_argument("--rm-type", type=argtypes.enum_type(RewardType), metavar=argtypes.choices_metavar(RewardType),
                        help="built-in reward function")
     group.add_argument("--custom-rm-path", metavar="MODULE:FUNCTION",
                        help="custom reward function (module:function or dotted path)")
@@ -390,37 +297,37 @@ def _add_data_flags(group: argparse._ArgumentGroup) -> None:
 def _add_eval_flags(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--eval-prompt-data", nargs="+", action="extend", metavar="NAME PATH",
                        help="evaluation sets as NAME PATH pairs; may repeat")
-    group.add_argument("--eval-interval", type=_positive_int, metavar="STEPS",
+    group.add_argument("--eval-interval", type=argtypes.positive_int, metavar="STEPS",
                        help="evaluate every STEPS rollout steps")
-    group.add_argument("--n-samples-per-eval-prompt", type=_positive_int, default=1, metavar="N",
+    group.add_argument("--n-samples-per-eval-prompt", type=argtypes.positive_int, default=1, metavar="N",
                        help="samples per evaluation prompt, for pass@k (default 1)")
-    group.add_argument("--eval-max-response-len", type=_positive_int, metavar="TOKENS",
+    group.add_argument("--eval-max-response-len", type=argtypes.positive_int, metavar="TOKENS",
                        help="evaluation response limit (default: --rollout-max-response-len)")
-    group.add_argument("--eval-temperature", type=_non_negative_float, metavar="T",
+    group.add_argument("--eval-temperature", type=argtypes.non_negative_float, metavar="T",
                        help="evaluation temperature (default: --rollout-temperature)")
-    group.add_argument("--eval-top-p", type=_fraction, metavar="P",
+    group.add_argument("--eval-top-p", type=argtypes.fraction, metavar="P",
                        help="evaluation top-p (default: --rollout-top-p)")
     group.add_argument("--skip-eval-before-train", action="store_true",
                        help="do not evaluate the initial checkpoint")
 
 
 def _add_rollout_flags(group: argparse._ArgumentGroup) -> None:
-    group.add_argument("--num-rollout", type=_positive_int, metavar="N", help="rollout steps to train")
-    group.add_argument("--rollout-batch-size", type=_positive_int, default=32, metavar="PROMPTS",
+    group.add_argument("--num-rollout", type=argtypes.positive_int, metavar="N", help="rollout steps to train")
+    group.add_argument("--rollout-batch-size", type=argtypes.positive_int, default=32, metavar="PROMPTS",
                        help="prompts per rollout step (default 32)")
-    group.add_argument("--n-samples-per-prompt", type=_positive_int, default=8, metavar="N",
+    group.add_argument("--n-samples-per-prompt", type=argtypes.positive_int, default=8, metavar="N",
                        help="responses per prompt, the GRPO group size (default 8)")
-    group.add_argument("--rollout-max-prompt-len", type=_positive_int, metavar="TOKENS",
+    group.add_argument("--rollout-max-prompt-len", type=argtypes.positive_int, metavar="TOKENS",
                        help="drop prompts longer than this")
-    group.add_argument("--rollout-max-response-len", type=_positive_int, default=1024, metavar="TOKENS",
+    group.add_argument("--rollout-max-response-len", type=argtypes.positive_int, default=1024, metavar="TOKENS",
                        help="max new tokens per response (default 1024)")
-    group.add_argument("--rollout-temperature", type=_non_negative_float, default=1.0, metavar="T",
+    group.add_argument("--rollout-temperature", type=argtypes.non_negative_float, default=1.0, metavar="T",
                        help="sampling temperature (default 1.0)")
-    group.add_argument("--rollout-top-p", type=_fraction, default=1.0, metavar="P", help="top-p (default 1.0)")
-    group.add_argument("--rollout-top-k", type=_top_k, default=-1, metavar="K", help="top-k, -1 = off")
-    group.add_argument("--max-staleness", type=_non_negative_int, default=1, metavar="N",
+    group.add_argument("--rollout-top-p", type=argtypes.fraction, default=1.0, metavar="P", help="top-p (default 1.0)")
+    group.add_argument("--rollout-top-k", type=argtypes.top_k, default=-1, metavar="K", help="top-k, -1 = off")
+    group.add_argument("--max-staleness", type=argtypes.non_negative_int, default=1, metavar="N",
                        help="max weight versions a rollout may lag the trainer; 0 = on-policy (default 1)")
-    group.add_argument("--sglang-mem-fraction-static", type=_fraction, metavar="F",
+    group.add_argument("--sglang-mem-fraction-static", type=argtypes.fraction, metavar="F",
                        help="fraction of GPU memory for weights and KV cache")
     group.add_argument("--rollout-backend", choices=["auto", "sglang", "builtin"], default="auto",
                        help="engine server: SGLang, Relax's built-in engine, or auto (SGLang when installed)")
@@ -430,41 +337,41 @@ def _add_rollout_flags(group: argparse._ArgumentGroup) -> None:
 
 
 def _add_training_flags(group: argparse._ArgumentGroup) -> None:
-    group.add_argument("--global-batch-size", type=_positive_int, metavar="SAMPLES",
+    group.add_argument("--global-batch-size", type=argtypes.positive_int, metavar="SAMPLES",
                        help="samples per optimizer step (default: one step per rollout step)")
-    group.add_argument("--max-tokens-per-gpu", type=_positive_int, metavar="TOKENS",
+    group.add_argument("--max-tokens-per-gpu", type=argtypes.positive_int, metavar="TOKENS",
                        help="token budget of a micro-batch (dynamic batching)")
     group.add_argument("--optimizer", default="adam", metavar="{adam}", help="AdamW (the only optimizer)")
-    group.add_argument("--lr", type=_positive_float, default=1e-6, metavar="LR", help="learning rate")
-    group.add_argument("--lr-decay-style", type=_enum_type(LRDecayStyle), default=LRDecayStyle.CONSTANT,
-                       metavar=_choices_metavar(LRDecayStyle), help="schedule after warm-up (default constant)")
-    group.add_argument("--lr-warmup-iters", type=_non_negative_int, default=0, metavar="STEPS",
+    group.add_argument("--lr", type=argtypes.positive_float, default=1e-6, metavar="LR", help="learning rate")
+    group.add_argument("--lr-decay-style", type=argtypes.enum_type(LRDecayStyle), default=LRDecayStyle.CONSTANT,
+                       metavar=argtypes.choices_metavar(LRDecayStyle), help="schedule after warm-up (default constant)")
+    group.add_argument("--lr-warmup-iters", type=argtypes.non_negative_int, default=0, metavar="STEPS",
                        help="linear warm-up optimizer steps (default 0)")
-    group.add_argument("--min-lr", type=_non_negative_float, default=0.0, metavar="LR",
+    group.add_argument("--min-lr", type=argtypes.non_negative_float, default=0.0, metavar="LR",
                        help="floor of linear/cosine decay (default 0)")
-    group.add_argument("--weight-decay", type=_non_negative_float, default=0.0, metavar="WD")
-    group.add_argument("--adam-beta1", type=_beta, default=0.9, metavar="B1")
-    group.add_argument("--adam-beta2", type=_beta, default=0.999, metavar="B2")
-    group.add_argument("--adam-eps", type=_positive_float, default=1e-8, metavar="EPS")
-    group.add_argument("--clip-grad", type=_non_negative_float, default=1.0, metavar="NORM",
+    group.add_argument("--weight-decay", type=argtypes.non_negative_float, default=0.0, metavar="WD")
+    group.add_argument("--adam-beta1", type=argtypes.beta, default=0.9, metavar="B1")
+    group.add_argument("--adam-beta2", type=argtypes.beta, default=0.999, metavar="B2")
+    group.add_argument("--adam-eps", type=argtypes.positive_float, default=1e-8, metavar="EPS")
+    group.add_argument("--clip-grad", type=argtypes.non_negative_float, default=1.0, metavar="NORM",
                        help="gradient-norm clip, 0 = off (default 1.0)")
     group.add_argument("--advantage-estimator", default="grpo", metavar="{grpo}", help="only grpo")
     group.add_argument("--disable-grpo-std-normalization", action="store_true",
                        help="normalise rewards by the group mean only")
-    group.add_argument("--eps-clip", type=_non_negative_float, default=0.2, metavar="EPS",
+    group.add_argument("--eps-clip", type=argtypes.non_negative_float, default=0.2, metavar="EPS",
                        help="lower PPO clip (default 0.2)")
-    group.add_argument("--eps-clip-high", type=_non_negative_float, default=0.28, metavar="EPS",
+    group.add_argument("--eps-clip-high", type=argtypes.non_negative_float, default=0.28, metavar="EPS",
                        help="upper PPO clip (default 0.28)")
     group.add_argument("--use-tis", action="store_true",
                        help="truncated importance sampling against rollout log-probs")
-    group.add_argument("--tis-clip", type=_positive_float, default=2.0, metavar="C",
+    group.add_argument("--tis-clip", type=argtypes.positive_float, default=2.0, metavar="C",
                        help="TIS weight clip (default 2.0)")
     group.add_argument("--use-kl-loss", action="store_true",
                        help="load the reference model and log KL (enters the loss when --kl-loss-coef > 0)")
-    group.add_argument("--kl-loss-coef", type=_non_negative_float, default=0.0, metavar="C")
-    group.add_argument("--kl-loss-type", type=_enum_type(KLLossType), default=KLLossType.LOW_VAR_KL,
-                       metavar=_choices_metavar(KLLossType))
-    group.add_argument("--entropy-coef", type=_non_negative_float, default=0.0, metavar="C")
+    group.add_argument("--kl-loss-coef", type=argtypes.non_negative_float, default=0.0, metavar="C")
+    group.add_argument("--kl-loss-type", type=argtypes.enum_type(KLLossType), default=KLLossType.LOW_VAR_KL,
+                       metavar=argtypes.choices_metavar(KLLossType))
+    group.add_argument("--entropy-coef", type=argtypes.non_negative_float, default=0.0, metavar="C")
     group.add_argument("--calculate-per-token-loss", action="store_true",
                        help="token-mean loss aggregation (default sample-mean)")
     group.add_argument("--seed", type=int, default=1234, metavar="N")
@@ -472,7 +379,7 @@ def _add_training_flags(group: argparse._ArgumentGroup) -> None:
 
 def _add_checkpoint_flags(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--save", metavar="DIR", help="checkpoint directory")
-    group.add_argument("--save-interval", type=_positive_int, metavar="STEPS",
+    group.add_argument("--save-interval", type=argtypes.positive_int, metavar="STEPS",
                        help="save every STEPS rollout steps (needs --save)")
     group.add_argument("--load", metavar="DIR", help="resume from this checkpoint directory if it has one")
 
@@ -480,7 +387,7 @@ def _add_checkpoint_flags(group: argparse._ArgumentGroup) -> None:
 def _add_output_flags(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--api-host", default="127.0.0.1", metavar="HOST",
                        help="control-plane HTTP host (default 127.0.0.1)")
-    group.add_argument("--api-port", type=_port, default=8000, metavar="PORT",
+    group.add_argument("--api-port", type=argtypes.port, default=8000, metavar="PORT",
                        help="control-plane HTTP port (default 8000)")
     group.add_argument("--output-dir", default="outputs", metavar="DIR",
                        help="logs, metrics JSONL and TensorBoard (default outputs)")

@@ -11,10 +11,11 @@ This module is data plus two tiny helpers; ``relax.config.flags`` registers the 
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
+
+from relax import argtypes
 
 
 class Arity(Enum):
@@ -55,16 +56,6 @@ def _true(_: object) -> bool:
     return True
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return value
-
-
 _FSDP = "Relax shards the model with FSDP2 over the trainer GPUs"
 _ARCH = "the architecture comes from --hf-checkpoint's config.json"
 _KERNEL = "Megatron kernel/precision switch; the FSDP2 trainer has its own defaults"
@@ -92,7 +83,7 @@ MAPPED_FLAGS: tuple[CompatFlag, ...] = (
     CompatFlag(
         "--micro-batch-size", _V, Disposition.MAPPED,
         "samples per micro-batch when dynamic batching is off",
-        target="micro_batch_size", value_type=_positive_int,
+        target="micro_batch_size", value_type=argtypes.positive_int,
     ),
     CompatFlag(
         "--balance-data", _S, Disposition.MAPPED,

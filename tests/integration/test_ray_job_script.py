@@ -6,12 +6,12 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
-import uvicorn
 from fastapi import FastAPI
+
+from tests.loopback import LoopbackServer
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = "scripts/entrypoint/ray-job.sh"
@@ -34,16 +34,8 @@ def dashboard():
     def version() -> dict[str, str]:
         return {"ray_version": "2.60.0"}
 
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not server.started:
-        thread.join(0.05)
-    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    server.should_exit = True
-    thread.join(10)
+    with LoopbackServer(app, name="dashboard-stand-in") as server:
+        yield server.url
 
 
 def test_missing_run_script() -> None:

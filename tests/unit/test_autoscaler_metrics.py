@@ -5,12 +5,10 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import threading
 import time
 from collections.abc import Iterator
 
 import pytest
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse
 
@@ -30,6 +28,7 @@ from relax.autoscaler.metrics import (
 from relax.cluster.network import free_port
 from relax.engines.builtin.metrics import EngineMetrics as BuiltinEngineMetrics
 from relax.engines.builtin.metrics import LoadSnapshot
+from tests.loopback import LoopbackServer
 
 INF = math.inf
 
@@ -375,25 +374,15 @@ class MetricsServer:
             await asyncio.sleep(5)
             return PlainTextResponse(FIXED_TEXT)
 
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.http = LoopbackServer(app, name="metrics-server")
+        self.url = self.http.url
 
     def __enter__(self) -> MetricsServer:
-        self.thread.start()
-        deadline = time.monotonic() + 20
-        while not self.server.started:
-            if time.monotonic() > deadline:
-                raise TimeoutError("metrics server did not start")
-            time.sleep(0.01)
+        self.http.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.server.force_exit = True
-        self.thread.join(timeout=10)
+        self.http.stop()
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
@@ -20,7 +19,6 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
 from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
@@ -36,9 +34,9 @@ from relax.autoscaler.service import (
     start_autoscaler,
     strict_json,
 )
-from relax.cluster.network import free_port
 from relax.rollout.api import create_app
 from relax.rollout.control_plane import LocalBackend
+from tests.loopback import LoopbackServer
 
 # -- engines over real HTTP --------------------------------------------------------------------------------
 
@@ -99,26 +97,18 @@ class EngineServer:
                 return PlainTextResponse("overloaded", status_code=503)
             return PlainTextResponse(prometheus_text(load), media_type="text/plain; version=0.0.4")
 
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.http = LoopbackServer(app, name="fake-engines")
+        self.url = self.http.url
 
     def engine_url(self, engine_id: str) -> str:
         return f"{self.url}/engines/{engine_id}"
 
     def __enter__(self) -> EngineServer:
-        self.thread.start()
-        deadline = time.monotonic() + 20
-        while not self.server.started:
-            if time.monotonic() > deadline:
-                raise TimeoutError("engine metrics server did not start")
-            time.sleep(0.01)
+        self.http.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
+        self.http.stop()
 
 
 @pytest.fixture(scope="module")

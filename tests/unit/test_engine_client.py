@@ -5,19 +5,18 @@ from __future__ import annotations
 import asyncio
 import json
 import pickle
-import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel
 
 from relax.cluster.network import free_port
 from relax.engines.client import EngineClient, EngineError, EngineUnavailable, normalize_base_url
+from tests.loopback import LoopbackServer
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
@@ -160,21 +159,16 @@ class EngineDouble:
     def __init__(self) -> None:
         self.rec = Recorder()
         self.state: dict[str, Any] = {"version": "0", "unhealthy": False}
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(build_app(self.rec, self.state), host="127.0.0.1", port=self.port, log_level="warning")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        # force_exit: do not wait for the deliberately slow request to finish
+        self.http = LoopbackServer(build_app(self.rec, self.state), name="engine-double", force_exit=True)
+        self.url = self.http.url
 
     def __enter__(self) -> EngineDouble:
-        self.thread.start()
-        wait_for(lambda: self.server.started, 20, "the engine double to start")
+        self.http.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.server.force_exit = True  # do not wait for the deliberately slow request to finish
-        self.thread.join(timeout=10)
+        self.http.stop()
 
 
 @pytest.fixture(scope="module")

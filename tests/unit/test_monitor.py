@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import threading
 import time
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
@@ -20,7 +19,6 @@ from typing import Any, TypeVar
 
 import httpx
 import pytest
-import uvicorn
 from fastapi.responses import PlainTextResponse
 from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
 from textual.widgets import DataTable, Static
@@ -50,6 +48,7 @@ from relax.autoscaler.service import AutoscalerService
 from relax.cluster.network import free_port
 from relax.rollout.api import create_app
 from relax.rollout.control_plane import LocalBackend
+from tests.loopback import LoopbackServer
 
 T = TypeVar("T")
 TOKEN = "monitor-test-token"
@@ -164,13 +163,7 @@ class Served:
             return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
         self.loop = asyncio.new_event_loop()
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
-                                                    lifespan="off"))
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-
-    def _serve(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_until_complete(self.server.serve())
+        self.http = LoopbackServer(app, port=self.port, loop=self.loop, lifespan="off", name="control-plane")
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run ``coro`` on the server's loop and wait for it (the only loop LocalBackend may be used on)."""
@@ -193,18 +186,12 @@ class Served:
         return httpx.get(f"{self.url}{path}", headers=headers, timeout=5).json()
 
     def __enter__(self) -> Served:
-        self.thread.start()
-        deadline = time.monotonic() + 20
-        while not self.server.started:
-            if time.monotonic() > deadline or not self.thread.is_alive():
-                raise TimeoutError("control plane did not start")
-            time.sleep(0.01)
+        self.http.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.run(self.local.aclose())
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
+        self.http.stop()
 
 
 @pytest.fixture(scope="module")
