@@ -16,6 +16,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from report import save_report
+
 from relax.demo import tiny_train_argv
 from relax.presets.tiny import build_tiny_preset
 
@@ -55,10 +57,7 @@ def main() -> None:
             fully_async["training_steps_per_minute"] / sync["training_steps_per_minute"], 2
         ),
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps(report, indent=2))
+    save_report(report, args.out)
 
 
 if __name__ == "__main__":

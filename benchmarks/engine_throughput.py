@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import platform
 import tempfile
 from pathlib import Path
+
+from report import machine, save_report
 
 from relax.cluster.network import free_port
 from relax.engines.launcher import BuiltinOptions, ServerProcess, builtin_spec
@@ -59,14 +59,11 @@ def main() -> None:
             server.stop(grace_s=10)
     report = {
         "benchmark": "engine_throughput", "model": "tiny preset", "max_new_tokens": args.max_new_tokens,
-        "machine": {"cpus": __import__("os").cpu_count(), "python": platform.python_version()},
+        "machine": machine(),
         "concurrency": results,
         "speedup_16_vs_1": round(results["16"]["tokens_per_second"] / results["1"]["tokens_per_second"], 2),
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps(report, indent=2))
+    save_report(report, args.out)
 
 
 if __name__ == "__main__":

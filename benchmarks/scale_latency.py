@@ -32,9 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import platform
 import statistics
 import tempfile
 import time
@@ -47,7 +45,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import ray  # noqa: E402
 from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group  # noqa: E402
+from report import machine, save_report  # noqa: E402
 
+from relax.cluster.connect import start_local  # noqa: E402
 from relax.engines.loadgen import run_burst  # noqa: E402
 from relax.presets.tiny import build_tiny_preset  # noqa: E402
 from relax.rollout.generator import SamplingSettings  # noqa: E402
@@ -325,14 +325,8 @@ def main() -> None:
     began = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="relax-bench-") as tmp:
         preset = build_tiny_preset(Path(tmp) / "tiny")
-        ray.init(
-            address="local",
-            num_cpus=8,
-            num_gpus=8,
-            include_dashboard=False,
-            log_to_driver=False,
-            runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled"}},
-        )
+        start_local(num_gpus=8, num_cpus=8, log_to_driver=False,
+                    runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled"}})
         try:
             results = _run(args, preset, Path(tmp))
             leftover = sorted(
@@ -345,15 +339,12 @@ def main() -> None:
         "model": "tiny preset",
         "engine": "builtin",
         "cluster": "local Ray, 8 logical GPUs",
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "machine": machine(),
         **results,
         "leftover_placement_groups": leftover,
         "run_seconds": round(time.monotonic() - began, 1),
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps(report, indent=2))
+    save_report(report, args.out)
 
 
 if __name__ == "__main__":

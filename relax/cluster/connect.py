@@ -37,20 +37,32 @@ def connect(plan: Plan, *, runtime_env: dict | None = None) -> str:
                  log_to_driver=True)
         log.info("connected to the Ray cluster at %s", address)
         return "cluster"
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # MACHINE-NOTES: token auth hangs local drivers
     gpus = plan.embedded_cluster_gpus
     resources = {}
     for marker in plan.marker_resources:  # e.g. stable_gpu / stable_cpu, with room for the control plane
         resources[marker] = float(plan.baseline_gpus + 1)
-    ray.init(
-        address="local",
-        num_cpus=gpus + 2,
-        num_gpus=gpus,
-        resources=resources or None,
-        include_dashboard=False,
-        runtime_env=_env_only_new(runtime_env, skip_inherited=False),
-        log_to_driver=True,
-    )
+    start_local(num_gpus=gpus, num_cpus=gpus + 2, resources=resources,
+                runtime_env=_env_only_new(runtime_env, skip_inherited=False))
     log.info("started an embedded Ray cluster: %d logical GPUs, %d CPUs%s", gpus, gpus + 2,
              f", markers {sorted(resources)}" if resources else "")
     return "embedded"
+
+
+def start_local(num_gpus: int, num_cpus: int, *, resources: dict[str, float] | None = None,
+                runtime_env: dict | None = None, log_to_driver: bool = True) -> None:
+    """Start an embedded local Ray cluster with the settings these machines need (MACHINE-NOTES).
+
+    ``address="local"`` so a stray ``RAY_ADDRESS`` or a running cluster is never joined by accident; no
+    dashboard (slow to start, and nothing here needs it); token auth off, since Ray 2.60 turns it on once
+    ``~/.ray/auth_token`` exists and a local driver then hangs. GPUs are logical: placement only.
+    """
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    ray.init(
+        address="local",
+        num_cpus=num_cpus,
+        num_gpus=num_gpus,
+        resources=resources or None,
+        include_dashboard=False,
+        runtime_env=runtime_env,
+        log_to_driver=log_to_driver,
+    )

@@ -404,6 +404,8 @@ class LocalBackend:
             "active_engines": len(self.pool.active()),
             "engine_weight_version": -1 if version is None else version,
             "scale_events_total": dict(self._event_counts),
+            "initial_engines": self.initial_count,
+            "scale_request_running": (r.request_id if (r := self.registry.running()) else None),
             **self.training,
         }
 

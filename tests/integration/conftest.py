@@ -11,17 +11,13 @@ import pytest
 def ray_cluster():
     import ray
 
+    from relax.cluster.connect import start_local
+
     os.environ["RAY_AUTH_MODE"] = "disabled"
-    ctx = ray.init(
-        address="local",
-        num_cpus=8,
-        num_gpus=8,
-        include_dashboard=False,
-        log_to_driver=False,
-        runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled"}},
-    )
+    start_local(num_gpus=8, num_cpus=8, log_to_driver=False,
+                runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled"}})
     try:
-        yield ctx
+        yield
     finally:
         ray.shutdown()
 

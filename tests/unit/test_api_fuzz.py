@@ -51,6 +51,7 @@ from relax.autoscaler.routes import autoscaler_router
 from relax.autoscaler.service import AutoscalerService
 from relax.rollout.api import create_app
 from relax.rollout.control_plane import ControlPlane, LocalBackend
+from tests.local_manager import LocalManager
 
 MAX_EXAMPLES = 25
 """Cases per operation and generation mode (schemathesis layer)."""
@@ -73,38 +74,6 @@ EXCLUDED_CHECKS = [positive_data_acceptance, unsupported_method]
 # -- the served app --------------------------------------------------------------------------------------
 
 
-class LocalAutoscalerBackend:
-    """The autoscaler's backend contract over a :class:`LocalBackend` (as ``test_autoscaler_service`` does).
-
-    No engine is scraped (``engine_urls`` is empty): the fuzzing is about the routes, not the metrics.
-    """
-
-    def __init__(self, local: LocalBackend) -> None:
-        self.local = local
-
-    async def engine_urls(self) -> dict[str, str]:
-        return {}
-
-    async def relax_status(self) -> dict[str, Any]:
-        answer = await self.local.relax_status()
-        running = self.local.registry.running()
-        answer["body"] = {
-            **answer["body"],
-            "initial_engines": self.local.initial_count,
-            "scale_request_running": running.request_id if running else None,
-        }
-        return answer
-
-    async def scale_out(self, body: dict[str, Any]) -> dict[str, Any]:
-        return await self.local.scale_out(body)
-
-    async def scale_in(self, body: dict[str, Any]) -> dict[str, Any]:
-        return await self.local.scale_in(body)
-
-    async def get_scale_request(self, direction: str, request_id: str) -> dict[str, Any]:
-        return await self.local.get_scale_request(direction, request_id)
-
-
 def autoscaler_config() -> AutoscalerConfig:
     return AutoscalerConfig.model_validate({"enabled": False, "min_engines": 2, "max_engines": 8})
 
@@ -125,7 +94,7 @@ class ServedControlPlane:
     async def _start(self) -> str:
         # Built on the serving loop: LocalBackend's simulated work must run there.
         self.backend = LocalBackend(2, max_engines=8)
-        self.service = AutoscalerService(autoscaler_config(), LocalAutoscalerBackend(self.backend), scrape_timeout=1.0)
+        self.service = AutoscalerService(autoscaler_config(), LocalManager(self.backend), scrape_timeout=1.0)
         await self.service.step()  # one scrape and evaluation, so /autoscaler/status has pool facts to show
         self.plane = ControlPlane(self.backend, HOST, 0, None, autoscaler=autoscaler_router(self.service))
         return await self.plane.start()
@@ -168,7 +137,7 @@ def api_schema(served: ServedControlPlane) -> schemathesis.BaseSchema:
 def _openapi() -> dict[str, Any]:
     """The schema of an app built by the same factories (the served one is checked to be the same)."""
     local = LocalBackend(0)
-    service = AutoscalerService(autoscaler_config(), LocalAutoscalerBackend(local))
+    service = AutoscalerService(autoscaler_config(), LocalManager(local))
     return create_app(local, token=None, autoscaler=autoscaler_router(service)).openapi()
 
 

@@ -36,6 +36,7 @@ from relax.autoscaler.service import (
 )
 from relax.rollout.api import create_app
 from relax.rollout.control_plane import LocalBackend
+from tests.local_manager import LocalManager
 from tests.loopback import LoopbackServer
 
 # -- engines over real HTTP --------------------------------------------------------------------------------
@@ -618,43 +619,13 @@ async def test_router_mounts_in_the_control_plane_app(engines: EngineServer) -> 
 # -- through the real scaling rules, and the real loop ----------------------------------------------------
 
 
-class LocalManager:
-    """The control plane's LocalBackend (real ScaleRequestRegistry rules) with the two autoscaler extras."""
-
-    def __init__(self, local: LocalBackend, engines: EngineServer) -> None:
-        self.local = local
-        self.server = engines
-
-    async def engine_urls(self) -> dict[str, str]:
-        return {r.engine_id: self.server.engine_url(r.engine_id) for r in self.local.pool.active()}
-
-    async def relax_status(self) -> dict[str, Any]:
-        answer = await self.local.relax_status()
-        running = self.local.registry.running()
-        answer["body"] = {
-            **answer["body"],
-            "initial_engines": self.local.initial_count,
-            "scale_request_running": running.request_id if running else None,
-        }
-        return answer
-
-    async def scale_out(self, body: dict[str, Any]) -> dict[str, Any]:
-        return await self.local.scale_out(body)
-
-    async def scale_in(self, body: dict[str, Any]) -> dict[str, Any]:
-        return await self.local.scale_in(body)
-
-    async def get_scale_request(self, direction: str, request_id: str) -> dict[str, Any]:
-        return await self.local.get_scale_request(direction, request_id)
-
-
 async def test_scale_out_and_in_through_the_real_scaling_rules(engines: EngineServer) -> None:
     local = LocalBackend(2)
     await local.wait_idle()
     for record in local.pool.records():  # the initial engines come up ACTIVE at once
         assert record.state.value == "ACTIVE"
     engines.loads, engines.default = {}, BUSY
-    manager, clock = LocalManager(local, engines), FakeClock()
+    manager, clock = LocalManager(local, engines.engine_url), FakeClock()
     service = make_service(manager, clock, scale_out_policy={"max_delta": 2})
     try:
         await run_steps(service, clock, 3)

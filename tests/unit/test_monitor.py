@@ -48,6 +48,7 @@ from relax.autoscaler.service import AutoscalerService
 from relax.cluster.network import free_port
 from relax.rollout.api import create_app
 from relax.rollout.control_plane import LocalBackend
+from tests.local_manager import LocalManager
 from tests.loopback import LoopbackServer
 
 T = TypeVar("T")
@@ -100,33 +101,6 @@ class FakeEngine:
         return generate_latest(self.registry).decode()
 
 
-class LocalManager:
-    """``AutoscalerBackend`` over the control plane's LocalBackend; engines' metrics live on ``base``."""
-
-    def __init__(self, local: LocalBackend, base: str) -> None:
-        self.local = local
-        self.base = base
-
-    async def engine_urls(self) -> dict[str, str]:
-        return {r.engine_id: f"{self.base}/engines/{r.engine_id}" for r in self.local.pool.active()}
-
-    async def relax_status(self) -> dict[str, Any]:
-        answer = await self.local.relax_status()
-        running = self.local.registry.running()
-        answer["body"] = {**answer["body"], "initial_engines": self.local.initial_count,
-                          "scale_request_running": running.request_id if running else None}
-        return answer
-
-    async def scale_out(self, body: dict[str, Any]) -> dict[str, Any]:
-        return await self.local.scale_out(body)
-
-    async def scale_in(self, body: dict[str, Any]) -> dict[str, Any]:
-        return await self.local.scale_in(body)
-
-    async def get_scale_request(self, direction: str, request_id: str) -> dict[str, Any]:
-        return await self.local.get_scale_request(direction, request_id)
-
-
 class FakeClock:
     def __init__(self) -> None:
         self.now = 1000.0
@@ -153,7 +127,8 @@ class Served:
             "scale_out_policy": {"condition_duration_secs": 20.0, "max_delta": 2},
             "scale_in_policy": {"condition_duration_secs": 30.0},
         })
-        self.service = AutoscalerService(config, LocalManager(self.local, self.root), clock=self.clock,
+        manager = LocalManager(self.local, lambda engine_id: f"{self.root}/engines/{engine_id}")
+        self.service = AutoscalerService(config, manager, clock=self.clock,
                                          wall_clock=lambda: WALL, scrape_timeout=2.0, engine_token=TOKEN)
         app = create_app(self.local, token=TOKEN, autoscaler=autoscaler_router(self.service))
 
