@@ -12,7 +12,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import Enum
 
@@ -64,6 +65,9 @@ class Engine:
         self._clock = clock
         self._generator = torch.Generator(device=runner.device).manual_seed(seed)
         self._lock = threading.Condition()
+        # Callers waiting for the lock; the loop yields to them between steps (see _turn).
+        self._callers_waiting = 0
+        self._callers_lock = threading.Lock()
         self._waiting = RequestQueue()
         self._running: list[Request] = []
         self._paused = False
@@ -71,40 +75,61 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._steps = self._prefills = self._generated = self._finished = self._max_batch = 0
 
+    @contextmanager
+    def _turn(self) -> Iterator[None]:
+        """Hold the engine lock between two steps, ahead of the loop.
+
+        CPython's locks are not fair: a loop that releases its lock after a step and takes it straight back
+        wins against a thread woken to take it, so on a busy machine a pause, an abort or a ``/metrics``
+        read (which runs on the server's event loop and would stall every request) could wait for many
+        steps. Callers announce themselves first; the loop sees the count before its next step and waits
+        until they are done, so a control operation waits for at most the step in progress.
+        """
+        with self._callers_lock:
+            self._callers_waiting += 1
+        try:
+            self._lock.acquire()
+        finally:
+            with self._callers_lock:
+                self._callers_waiting -= 1
+        try:
+            yield
+        finally:
+            self._lock.notify_all()  # the loop re-checks: new work, a pause lifted, or no caller left
+            self._lock.release()
+
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="relax-engine-loop", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
-        with self._lock:
+        with self._turn():
             self._stopped = True
             self._abort_locked(None, "server shutting down")
-            self._lock.notify_all()
         if self._thread is not None:
             self._thread.join(timeout=10)
 
     # ------------------------------------------------------------------ requests
     def submit(self, requests: list[Request]) -> None:
-        with self._lock:
+        with self._turn():
             if self._stopped:
                 raise RuntimeError("engine is shutting down")
             for req in requests:
                 self._waiting.push(req)
-            self._lock.notify_all()
 
     def abort(self, rid: str | None, message: str = "aborted by request") -> int:
         """Abort requests addressed by rid (all when None); returns how many were aborted."""
-        with self._lock:
+        with self._turn():
             return self._abort_locked(rid, message)
 
     def has_request(self, rid: str) -> bool:
-        with self._lock:
+        with self._turn():
             return any(r.matches(rid) for r in [*self._running, *self._waiting])
 
     # ------------------------------------------------------------------ control
     def pause(self, mode: PauseMode) -> None:
-        with self._lock:
+        with self._turn():
             if mode is PauseMode.ABORT:
                 self._abort_locked(None, "aborted by pause_generation")
             elif mode is PauseMode.RETRACT:
@@ -115,9 +140,8 @@ class Engine:
             log.info("generation paused (mode=%s)", mode.value)
 
     def resume(self) -> None:
-        with self._lock:
+        with self._turn():
             self._paused = False
-            self._lock.notify_all()
             log.info("generation resumed")
 
     @property
@@ -125,12 +149,12 @@ class Engine:
         return self._paused
 
     def flush_cache(self) -> None:
-        with self._lock:
+        with self._turn():
             self.runner.invalidate()
 
     def load_weights(self, new_model: torch.nn.Module, weight_version: str | None) -> None:
         """Swap weights between two steps; in-flight requests continue on the new weights."""
-        with self._lock:
+        with self._turn():
             self.runner.load_weights_from(new_model)
             if weight_version is not None:
                 self.weight_version = weight_version
@@ -138,7 +162,7 @@ class Engine:
 
     # ------------------------------------------------------------------ observation
     def snapshot(self) -> LoadSnapshot:
-        with self._lock:
+        with self._turn():
             return LoadSnapshot(
                 num_running_reqs=len(self._running),
                 num_queue_reqs=len(self._waiting),
@@ -147,14 +171,16 @@ class Engine:
             )
 
     def stats(self) -> EngineStats:
-        with self._lock:
+        with self._turn():
             return EngineStats(self._steps, self._prefills, self._generated, self._finished, self._max_batch)
 
     # ------------------------------------------------------------------ the loop
     def _loop(self) -> None:
         while True:
             with self._lock:
-                while not self._stopped and (self._paused or not (self._running or len(self._waiting))):
+                while not self._stopped and (
+                    self._callers_waiting or self._paused or not (self._running or len(self._waiting))
+                ):
                     self._lock.wait()
                 if self._stopped:
                     return
