@@ -61,7 +61,6 @@ DEFAULT_STARTUP_TIMEOUT_S = 600.0
 DEFAULT_LOG_DIR = os.path.join(tempfile.gettempdir(), "relax", "engines")
 # A port picked by free_port can be taken by someone else before the server binds it.
 _PORT_RETRIES = 2
-_PORT_IN_USE_MARKERS = ("address already in use", "errno 98", "port is in use", "port is not available")
 
 
 def build_launch_spec(
@@ -116,11 +115,6 @@ def resolve_host(host: str) -> str:
 def _valid_callback(callback: Any) -> bool:
     pair = isinstance(callback, tuple) and len(callback) == 2 and isinstance(callback[1], str)
     return callable(callback) or pair
-
-
-def _port_was_taken(error: ServerLaunchError) -> bool:
-    tail = error.log_tail.lower()
-    return error.exit_code is not None and any(marker in tail for marker in _PORT_IN_USE_MARKERS)
 
 
 class EngineActor:
@@ -207,7 +201,7 @@ class EngineActor:
                 server.stop(grace_s=5.0)
                 if self._shutting_down:
                     raise RuntimeError(f"{self.engine_id}: shut down while starting") from exc
-                if attempt < _PORT_RETRIES and _port_was_taken(exc):
+                if attempt < _PORT_RETRIES and exc.port_was_taken:
                     logger.warning("%s: port %d was taken, retrying on another", self.engine_id, server.spec.port)
                     continue
                 logger.error("%s: launch failed (exit code %s)", self.engine_id, exc.exit_code)

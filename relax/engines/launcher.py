@@ -80,6 +80,10 @@ def connect_host(bind_host: str) -> str:
     return bind_host
 
 
+# What a server's log says when its port is taken (uvicorn, SGLang, Python's socket errors).
+PORT_IN_USE_MARKERS = ("address already in use", "errno 98", "port is in use", "port is not available")
+
+
 class ServerLaunchError(RuntimeError):
     """The server exited or never became healthy; the message quotes the end of its log."""
 
@@ -89,6 +93,16 @@ class ServerLaunchError(RuntimeError):
         self.exit_code = exit_code
         self.log_path = log_path
         self.log_tail = log_tail
+
+    @property
+    def port_was_taken(self) -> bool:
+        """The server exited because its port was taken meanwhile: worth retrying on another port.
+
+        A free port is found by binding port 0 and released again, and a server binds it only after
+        loading its model (seconds later), so another process can take it in between.
+        """
+        tail = self.log_tail.lower()
+        return self.exit_code is not None and any(marker in tail for marker in PORT_IN_USE_MARKERS)
 
     def __reduce__(self):  # survive the trip through Ray's error wrapping
         return (_rebuild_launch_error, (str(self), self.name, self.exit_code, self.log_path, self.log_tail))

@@ -18,7 +18,7 @@ from relax.cluster.network import free_port
 from relax.demo import tiny_train_argv
 from relax.elastic_demo import RunApi, wait_until
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]  # the waits below add up to more than 300 s
 
 
 def post(api: RunApi, path: str, body: dict) -> dict:
@@ -49,8 +49,8 @@ def test_rest_scaling_while_training(tiny_preset, tmp_path: Path) -> None:
         record = wait_until(lambda: request_done(api, "scale_out", request["request_id"]), 180, "scale-out")
         assert record["status"] == "ACTIVE", record
         assert len(api.active()) == 4
-        grown = api.training_step()
-        assert grown > before, "training must advance while engines join"
+        # training goes on across the scale-out (on a slow machine the step may land just after it)
+        grown = wait_until(lambda: (step := api.training_step()) > before and step, 120, "training to advance")
 
         events = httpx.get(f"{api.url}/rollout/events", params={"limit": 200}, timeout=5, trust_env=False).json()
         joined = [e for e in events["events"] if e["kind"] == "engine_state" and e["message"].startswith("ACTIVE")

@@ -13,7 +13,7 @@ import pytest
 
 from relax.demo import tiny_train_argv
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]  # a run may take up to 480 s (train())
 
 
 def train(preset, out: Path, *extra: str, num_rollout: int, staleness: int, timeout: float = 480):

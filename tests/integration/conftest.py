@@ -26,24 +26,31 @@ def ray_cluster():
 def start_engine(tmp_path_factory: pytest.TempPathFactory):
     """Factory: start a real built-in engine subprocess on a free loopback port; all stopped at the end."""
     from relax.cluster.network import free_port
-    from relax.engines.launcher import BuiltinOptions, ServerProcess, builtin_spec
+    from relax.engines.launcher import BuiltinOptions, ServerLaunchError, ServerProcess, builtin_spec
 
     started: list[ServerProcess] = []
 
     def start(model_dir, *, max_running_requests: int | None = None, max_total_tokens: int | None = None,
               weight_version: str | None = None) -> ServerProcess:
         logs = tmp_path_factory.mktemp("engine-logs")
-        spec = builtin_spec(
-            str(model_dir), "127.0.0.1", free_port(), str(logs / "engine.log"), weight_version=weight_version,
-            options=BuiltinOptions(max_running_requests=max_running_requests, max_total_tokens=max_total_tokens,
-                                   num_threads=1),
-            name=f"test-engine-{len(started)}",
-        )
-        proc = ServerProcess(spec)
-        started.append(proc)
-        proc.start()
-        proc.wait_healthy(timeout=120)
-        return proc
+        for attempt in range(3):  # the port can be taken between choosing it and the server binding it
+            spec = builtin_spec(
+                str(model_dir), "127.0.0.1", free_port(), str(logs / f"engine-{attempt}.log"),
+                weight_version=weight_version,
+                options=BuiltinOptions(max_running_requests=max_running_requests, max_total_tokens=max_total_tokens,
+                                       num_threads=1),
+                name=f"test-engine-{len(started)}",
+            )
+            proc = ServerProcess(spec)
+            started.append(proc)
+            proc.start()
+            try:
+                proc.wait_healthy(timeout=120)
+                return proc
+            except ServerLaunchError as exc:
+                if attempt == 2 or not exc.port_was_taken:
+                    raise
+        raise AssertionError("unreachable")
 
     yield start
     for proc in started:

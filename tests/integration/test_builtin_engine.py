@@ -189,8 +189,9 @@ async def test_queue_metrics_rise_under_load_and_empty_when_idle(client, prompt_
 
     await _poll(batch_full)  # four waves of four: the batch is full while the queue holds the rest
     assert seen["sglang:token_usage"] > 0 and seen["sglang:num_used_tokens"] > 0
+    # a full batch was seen, so the step that filled it had already recorded its tokens in the window
+    assert seen["sglang:gen_throughput"] > 0
     await load
-    assert (await _metrics(client))["sglang:gen_throughput"] > 0  # the 5 s window holds the burst just ended
 
     async def idle() -> bool:
         m = await _metrics(client)

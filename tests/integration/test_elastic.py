@@ -7,6 +7,7 @@ import os
 import signal
 import time
 
+import httpx
 import pytest
 import ray
 from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
@@ -94,14 +95,26 @@ def test_scale_out_to_an_absolute_target_with_conflict_and_noop(elastic) -> None
 
 def test_scale_in_drains_for_real_and_loses_nothing(elastic) -> None:
     params = {"max_new_tokens": 200, "temperature": 1.0, "ignore_eos": True}
-    in_flight = [elastic.generate.remote(f"load-{i}", [1, 2, 3, 4], params) for i in range(24)]
-    wait_until(lambda: sum(e["in_flight"] for e in engines(elastic)) >= 12, 30, "load on the engines")
-    victims = [e["engine_id"] for e in engines(elastic) if e["kind"] == "elastic"]
-    status, body = call(elastic, "scale_in", {"num_replicas": 1, "dry_run": True})
-    assert status == 200 and sorted(v["engine_id"] for v in body["victims"]) == sorted(victims)
-    assert len([e for e in engines(elastic) if e["status"] == "ACTIVE"]) == 3  # dry run changed nothing
-    status, body = call(elastic, "scale_in", {"num_replicas": 1})
-    assert status == 200, body
+    urls = [e["url"] for e in engines(elastic)]
+    # Freeze every engine first so all 24 requests are still in flight when the scale-in starts, however
+    # fast or slow this machine is; the drain then has real work to wait for once generation continues.
+    for url in urls:
+        assert httpx.post(f"{url}/pause_generation", json={"mode": "in_place"}, timeout=30).status_code == 200
+    try:
+        in_flight = [elastic.generate.remote(f"load-{i}", [1, 2, 3, 4], params) for i in range(24)]
+        wait_until(lambda: sum(e["in_flight"] for e in engines(elastic)) == 24, 60, "24 requests on the engines")
+        victims = [e["engine_id"] for e in engines(elastic) if e["kind"] == "elastic"]
+        assert all(e["in_flight"] > 0 for e in engines(elastic))  # the router spread the load
+        status, body = call(elastic, "scale_in", {"num_replicas": 1, "dry_run": True})
+        assert status == 200 and sorted(v["engine_id"] for v in body["victims"]) == sorted(victims)
+        assert len([e for e in engines(elastic) if e["status"] == "ACTIVE"]) == 3  # dry run changed nothing
+        status, body = call(elastic, "scale_in", {"num_replicas": 1})
+        assert status == 200, body
+        wait_until(lambda: all(e["status"] != "ACTIVE" for e in engines(elastic) if e["kind"] == "elastic"), 60,
+                   "the victims to leave the router")
+    finally:
+        for url in urls:
+            httpx.post(f"{url}/continue_generation", timeout=30)
     record = finished(elastic, "scale_in", body["request_id"])
     assert record["status"] == "COMPLETED", record
     outs = ray.get(in_flight, timeout=180)

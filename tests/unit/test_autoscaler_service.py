@@ -13,7 +13,7 @@ import asyncio
 import json
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -262,7 +262,7 @@ def make_config(**overrides: Any) -> AutoscalerConfig:
 
 
 def make_service(manager: AutoscalerBackend, clock: FakeClock, **overrides: Any) -> AutoscalerService:
-    return AutoscalerService(make_config(**overrides), manager, clock=clock, scrape_timeout=2.0)
+    return AutoscalerService(make_config(**overrides), manager, clock=clock, scrape_timeout=30.0)
 
 
 async def run_steps(service: AutoscalerService, clock: FakeClock, count: int, every: float = 10.0) -> list[Any]:
@@ -652,25 +652,30 @@ async def test_scale_out_and_in_through_the_real_scaling_rules(engines: EngineSe
         await local.aclose()
 
 
+async def _until(predicate: Callable[[], bool], service: AutoscalerService, what: str) -> None:
+    """Poll with a deadline that a loaded machine meets; on failure say what the service was doing."""
+    deadline = time.monotonic() + 30
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}; health={service.health()}")
+        await asyncio.sleep(0.02)
+
+
 async def test_the_loop_scrapes_decides_and_stops(engines: EngineServer) -> None:
     manager = FakeManager(engines, initial=2, load=BUSY)
     config = make_config(
         metrics_interval_secs=0.1, evaluation_interval_secs=0.1, scale_out_policy={"condition_duration_secs": 0.0}
     )
-    service = start_autoscaler(config, manager, scrape_timeout=2.0)
+    service = start_autoscaler(config, manager, scrape_timeout=30.0)
     try:
-        deadline = time.monotonic() + 5
-        while not manager.calls and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-        assert manager.calls and manager.calls[0][0] == "scale_out"
+        await _until(lambda: bool(manager.calls), service, "the loop to ask for a scale-out")
+        assert manager.calls[0][0] == "scale_out"
         health = service.health()
         assert health["loop_alive"] and health["scrapes"] >= 1 and health["evaluations"] >= 1
         assert health["status"] in ("ok", "degraded")
         service.patch_config({"metrics_interval_secs": 0.2, "evaluation_interval_secs": 0.2})  # applies live
         manager.finish("so-1")
-        deadline = time.monotonic() + 5
-        while service.status()["pending_request"] is not None and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
+        await _until(lambda: service.status()["pending_request"] is None, service, "the request to finish")
         assert service.scale_history()[0]["outcome"] == "ACTIVE"
     finally:
         await service.stop()

@@ -11,11 +11,12 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 import relax
 from relax.cluster.network import LOCALHOST, free_port, node_ip
-from relax.engines.actor import _port_was_taken, build_launch_spec, resolve_host
+from relax.engines.actor import build_launch_spec, resolve_host
 from relax.engines.launcher import (
     BuiltinOptions,
     LaunchSpec,
@@ -172,9 +173,9 @@ def test_port_taken_detection() -> None:
     def err(tail: str, code: int | None) -> ServerLaunchError:
         return ServerLaunchError("x", name="e", exit_code=code, log_path="l", log_tail=tail)
 
-    assert _port_was_taken(err("OSError: [Errno 98] Address already in use", 1))
-    assert not _port_was_taken(err("OSError: [Errno 98] Address already in use", None))
-    assert not _port_was_taken(err("FileNotFoundError: model", 1))
+    assert err("OSError: [Errno 98] Address already in use", 1).port_was_taken
+    assert not err("OSError: [Errno 98] Address already in use", None).port_was_taken
+    assert not err("FileNotFoundError: model", 1).port_was_taken
 
 
 # -- ServerProcess ------------------------------------------------------------------------------------
@@ -217,10 +218,23 @@ def test_exit_during_startup_fails_fast_with_log_tail(fake_spec: Callable[..., L
     assert server.stop() == 3
 
 
+def _status(url: str) -> int | None:
+    try:
+        return httpx.get(url, timeout=5, trust_env=False).status_code
+    except httpx.HTTPError:
+        return None
+
+
 def test_never_healthy_times_out_and_leaves_stopping_to_the_caller(fake_spec: Callable[..., LaunchSpec]) -> None:
     server = ServerProcess(fake_spec("never"))
     server.start()
     try:
+        # the fake server must be up first (a loaded machine can take seconds to start Python): then the
+        # one-second wait below always ends on a 503, never on "nothing listens yet"
+        deadline = time.monotonic() + 60
+        while _status(server.url + server.spec.health_path) != 503:
+            assert time.monotonic() < deadline, "the fake server never answered"
+            time.sleep(0.05)
         with pytest.raises(ServerLaunchError, match=r"not healthy after 1s \(last probe: HTTP 503\)") as info:
             server.wait_healthy(timeout=1.0, poll_interval=0.1)
         assert info.value.exit_code is None

@@ -129,7 +129,7 @@ class Served:
         })
         manager = LocalManager(self.local, lambda engine_id: f"{self.root}/engines/{engine_id}")
         self.service = AutoscalerService(config, manager, clock=self.clock,
-                                         wall_clock=lambda: WALL, scrape_timeout=2.0, engine_token=TOKEN)
+                                         wall_clock=lambda: WALL, scrape_timeout=30.0, engine_token=TOKEN)
         app = create_app(self.local, token=TOKEN, autoscaler=autoscaler_router(self.service))
 
         @app.get("/engines/{engine_id}/metrics")
@@ -193,7 +193,7 @@ def table(app: Any, selector: str) -> list[list[str]]:
     return [[str(cell) for cell in widget.get_row_at(i)] for i in range(widget.row_count)]
 
 
-async def wait_for(pilot: Any, predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+async def wait_for(pilot: Any, predicate: Callable[[], bool], timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
