@@ -2,6 +2,8 @@
 
 Prints and saves JSON (benchmarks/results/engine_throughput.json). Both figures come from one run
 against one engine, so their ratio is meaningful even on a noisy machine; absolute numbers are not.
+Also how quickly the server answers ``/health`` and ``/metrics`` while the 16-way burst runs: a control
+request must not queue behind the generation loop (the autoscaler and the health checks depend on it).
 
     python benchmarks/engine_throughput.py [--requests 64] [--max-new-tokens 64] [--out FILE]
 """
@@ -11,8 +13,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import tempfile
+import time
 from pathlib import Path
 
+import httpx
 from report import machine, save_report
 
 from relax.cluster.network import free_port
@@ -21,12 +25,37 @@ from relax.engines.loadgen import run_burst
 from relax.presets.tiny import build_tiny_preset
 
 
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+async def _probe(url: str, path: str, stop: asyncio.Event, interval_s: float = 0.02) -> dict:
+    """Latency of ``GET path`` every ``interval_s`` until ``stop``: what a health check or scraper sees."""
+    seconds: list[float] = []
+    async with httpx.AsyncClient(base_url=url, timeout=30, trust_env=False) as http:
+        while not stop.is_set():
+            began = time.perf_counter()
+            (await http.get(path)).raise_for_status()
+            seconds.append(time.perf_counter() - began)
+            await asyncio.sleep(interval_s)
+    return {"probes": len(seconds), "p50_ms": round(1000 * _quantile(seconds, 0.5), 2),
+            "p99_ms": round(1000 * _quantile(seconds, 0.99), 2), "max_ms": round(1000 * max(seconds, default=0), 2)}
+
+
 async def _measure(url: str, prompt: str, requests: int, max_new_tokens: int) -> dict:
     await run_burst(url, prompt, requests=8, concurrency=8, max_new_tokens=8)  # warm-up
-    results = {}
+    results: dict = {}
     for concurrency in (1, 16):
         n = requests if concurrency > 1 else max(8, requests // 4)
+        stop = asyncio.Event()
+        probes = [asyncio.create_task(_probe(url, path, stop)) for path in ("/health", "/metrics")] \
+            if concurrency > 1 else []
         r = await run_burst(url, prompt, requests=n, concurrency=concurrency, max_new_tokens=max_new_tokens)
+        stop.set()
+        if probes:
+            health, metrics = await asyncio.gather(*probes)
+            results["control_latency_during_burst"] = {"/health": health, "/metrics": metrics}
         results[str(concurrency)] = {
             "requests": r.requests, "completion_tokens": r.completion_tokens, "seconds": round(r.seconds, 3),
             "tokens_per_second": round(r.tokens_per_second, 1),
@@ -60,6 +89,7 @@ def main() -> None:
     report = {
         "benchmark": "engine_throughput", "model": "tiny preset", "max_new_tokens": args.max_new_tokens,
         "machine": machine(),
+        "control_latency_during_burst": results.pop("control_latency_during_burst"),
         "concurrency": results,
         "speedup_16_vs_1": round(results["16"]["tokens_per_second"] / results["1"]["tokens_per_second"], 2),
     }
