@@ -2,8 +2,9 @@
 
 Prints and saves JSON (benchmarks/results/engine_throughput.json). Both figures come from one run
 against one engine, so their ratio is meaningful even on a noisy machine; absolute numbers are not.
-Also how quickly the server answers ``/health`` and ``/metrics`` while the 16-way burst runs: a control
-request must not queue behind the generation loop (the autoscaler and the health checks depend on it).
+Then the 16-way burst once more while ``/health`` and ``/metrics`` are polled every 20 ms: how quickly
+the server answers them under load, and what the polling costs (a control request must not queue behind
+the generation loop; the autoscaler and the health checks depend on it).
 
     python benchmarks/engine_throughput.py [--requests 64] [--max-new-tokens 64] [--out FILE]
 """
@@ -43,24 +44,28 @@ async def _probe(url: str, path: str, stop: asyncio.Event, interval_s: float = 0
             "p99_ms": round(1000 * _quantile(seconds, 0.99), 2), "max_ms": round(1000 * max(seconds, default=0), 2)}
 
 
+def _burst_summary(r) -> dict:
+    return {
+        "requests": r.requests, "completion_tokens": r.completion_tokens, "seconds": round(r.seconds, 3),
+        "tokens_per_second": round(r.tokens_per_second, 1),
+        "p50_latency_s": round(r.latency_quantile(0.5), 4), "p95_latency_s": round(r.latency_quantile(0.95), 4),
+    }
+
+
 async def _measure(url: str, prompt: str, requests: int, max_new_tokens: int) -> dict:
     await run_burst(url, prompt, requests=8, concurrency=8, max_new_tokens=8)  # warm-up
     results: dict = {}
     for concurrency in (1, 16):
         n = requests if concurrency > 1 else max(8, requests // 4)
-        stop = asyncio.Event()
-        probes = [asyncio.create_task(_probe(url, path, stop)) for path in ("/health", "/metrics")] \
-            if concurrency > 1 else []
         r = await run_burst(url, prompt, requests=n, concurrency=concurrency, max_new_tokens=max_new_tokens)
-        stop.set()
-        if probes:
-            health, metrics = await asyncio.gather(*probes)
-            results["control_latency_during_burst"] = {"/health": health, "/metrics": metrics}
-        results[str(concurrency)] = {
-            "requests": r.requests, "completion_tokens": r.completion_tokens, "seconds": round(r.seconds, 3),
-            "tokens_per_second": round(r.tokens_per_second, 1),
-            "p50_latency_s": round(r.latency_quantile(0.5), 4), "p95_latency_s": round(r.latency_quantile(0.95), 4),
-        }
+        results[str(concurrency)] = _burst_summary(r)
+    # the 16-way burst again, with /health and /metrics polled every 20 ms meanwhile
+    stop = asyncio.Event()
+    probes = [asyncio.create_task(_probe(url, path, stop)) for path in ("/health", "/metrics")]
+    r = await run_burst(url, prompt, requests=requests, concurrency=16, max_new_tokens=max_new_tokens)
+    stop.set()
+    health, metrics = await asyncio.gather(*probes)
+    results["control_latency_during_burst"] = {"burst": _burst_summary(r), "/health": health, "/metrics": metrics}
     return results
 
 

@@ -108,17 +108,3 @@ def test_the_counter_returns_to_zero_when_a_caller_fails(gated: tuple[Engine, Ga
         engine.submit([])
     assert engine._callers_waiting == 0
 
-
-def test_submit_does_not_wait_for_the_step_in_progress(gated: tuple[Engine, Gate]) -> None:
-    engine, gate = gated
-    done, late = threading.Event(), threading.Event()
-    _hold_inside_a_step(engine, gate, done)  # the loop holds the lock until the gate opens
-    request = Request(rid="late", parent_rid="late", prompt_ids=[4, 5], params=SamplingParams(max_new_tokens=4),
-                      arrival=time.monotonic(), on_finish=lambda _req: late.set())
-    submitter = threading.Thread(target=engine.submit, args=([request],))
-    submitter.start()
-    submitter.join(30)
-    assert not submitter.is_alive(), "submit waited for the step holding the lock"
-    gate.permits.release(1000)
-    assert late.wait(60) and request.finish_reason == {"type": "length", "length": 4}
-    assert done.wait(60)

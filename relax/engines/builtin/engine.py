@@ -1,11 +1,10 @@
 """The built-in engine's generation loop: continuous batching on a dedicated thread.
 
 One thread owns the model and steps the running batch; HTTP handlers only enqueue requests and
-wait for their completion callbacks. Enqueueing never waits for a step (new requests land in an inbox
-the loop empties before each step), so a burst of arrivals does not queue behind the model. Every
-control operation (abort, pause, weight load, cache flush, a metrics read) takes the same lock as a
-step, so it happens *between* steps and a request in flight is never observed half-updated: after a
-weight load its cache is rebuilt with the new weights and it carries on.
+wait for their completion callbacks. Every control operation (abort, pause, weight load, cache
+flush) takes the same lock as a step, so it happens *between* steps and a request in flight is
+never observed half-updated: after a weight load its cache is rebuilt with the new weights and it
+carries on.
 """
 
 from __future__ import annotations
@@ -13,7 +12,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -71,10 +69,6 @@ class Engine:
         self._callers_waiting = 0
         self._callers_lock = threading.Lock()
         self._waiting = RequestQueue()
-        # Submitted, not yet in the queue: appended without the lock (deque appends are atomic), moved into
-        # _waiting by whoever holds the lock next. _idle tells a submitter the loop may be asleep.
-        self._inbox: deque[Request] = deque()
-        self._idle = False
         self._running: list[Request] = []
         self._paused = False
         self._stopped = False
@@ -99,7 +93,6 @@ class Engine:
             with self._callers_lock:
                 self._callers_waiting -= 1
         try:
-            self._take_inbox_locked()  # every caller sees the requests submitted before it
             yield
         finally:
             self._lock.notify_all()  # the loop re-checks: new work, a pause lifted, or no caller left
@@ -119,19 +112,11 @@ class Engine:
 
     # ------------------------------------------------------------------ requests
     def submit(self, requests: list[Request]) -> None:
-        """Hand requests to the loop without waiting for the step in progress.
-
-        The loop announces ``_idle`` *before* it last looks at the inbox and sleeps, and a submitter looks
-        at ``_idle`` *after* appending: so either the loop sees the new requests, or the submitter sees
-        the loop asleep and wakes it. A submit racing with ``stop`` aborts what it added.
-        """
-        if self._stopped:
-            raise RuntimeError("engine is shutting down")
-        self._inbox.extend(requests)
-        if self._idle or self._stopped:
-            with self._turn():
-                if self._stopped:
-                    self._abort_locked(None, "server shutting down")
+        with self._turn():
+            if self._stopped:
+                raise RuntimeError("engine is shutting down")
+            for req in requests:
+                self._waiting.push(req)
 
     def abort(self, rid: str | None, message: str = "aborted by request") -> int:
         """Abort requests addressed by rid (all when None); returns how many were aborted."""
@@ -193,16 +178,12 @@ class Engine:
     def _loop(self) -> None:
         while True:
             with self._lock:
-                while True:
-                    self._take_inbox_locked()
-                    if self._stopped:
-                        return
-                    if not (self._callers_waiting or self._paused or not (self._running or len(self._waiting))):
-                        break
-                    self._idle = True
-                    if not self._inbox:  # looked at after announcing _idle: see submit()
-                        self._lock.wait()
-                    self._idle = False
+                while not self._stopped and (
+                    self._callers_waiting or self._paused or not (self._running or len(self._waiting))
+                ):
+                    self._lock.wait()
+                if self._stopped:
+                    return
                 try:
                     self._step_locked()
                 except Exception as exc:  # a bad step must not kill the server silently
@@ -211,10 +192,6 @@ class Engine:
                         self._finish(req, {"type": FinishType.ABORT.value, "message": f"engine error: {exc}"})
                     self._running = []
                     self.runner.invalidate()
-
-    def _take_inbox_locked(self) -> None:
-        while self._inbox:
-            self._waiting.push(self._inbox.popleft())
 
     def _step_locked(self) -> None:
         now = self._clock()
