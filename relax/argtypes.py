@@ -11,6 +11,9 @@ import argparse
 import math
 from collections.abc import Callable
 from enum import Enum
+from typing import TypeVar
+
+N = TypeVar("N", int, float)
 
 
 def parse_int(text: str, expected: str) -> int:
@@ -31,87 +34,37 @@ def parse_float(text: str, expected: str) -> float:
     return value
 
 
-def _checked(value: float, ok: bool, expected: str, text: str) -> None:
-    if not ok:
-        raise argparse.ArgumentTypeError(f"must be {expected}, got {text!r}")
+def _bounded(parse: Callable[[str, str], N], expected: str, ok: Callable[[N], bool],
+             name: str) -> Callable[[str], N]:
+    """A value type: ``parse`` the text, then refuse values ``ok`` rejects, both with the same message."""
+
+    def convert(text: str) -> N:
+        value = parse(text, expected)
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"must be {expected}, got {text!r}")
+        return value
+
+    convert.__name__ = name
+    return convert
 
 
-def positive_int(text: str) -> int:
-    value = parse_int(text, "a positive integer")
-    _checked(value, value > 0, "a positive integer", text)
-    return value
-
-
-def non_negative_int(text: str) -> int:
-    value = parse_int(text, "an integer >= 0")
-    _checked(value, value >= 0, "an integer >= 0", text)
-    return value
-
-
-def top_k(text: str) -> int:
-    expected = "-1 (off) or a positive integer"
-    value = parse_int(text, expected)
-    _checked(value, value == -1 or value > 0, expected, text)
-    return value
-
-
-def port(text: str) -> int:
-    """A port to listen on; 0 asks the system for a free one."""
-    expected = "a port number 0-65535 (0 picks a free port)"
-    value = parse_int(text, expected)
-    _checked(value, 0 <= value <= 65535, expected, text)
-    return value
-
-
-def fixed_port(text: str) -> int:
-    """A port others must be told about in advance (an engine's), so 0 is not allowed."""
-    expected = "a port number 1-65535"
-    value = parse_int(text, expected)
-    _checked(value, 1 <= value <= 65535, expected, text)
-    return value
-
-
-def positive_float(text: str) -> float:
-    value = parse_float(text, "a number > 0")
-    _checked(value, value > 0, "a number > 0", text)
-    return value
-
-
-def positive_seconds(text: str) -> float:
-    value = parse_float(text, "a number of seconds > 0")
-    _checked(value, value > 0, "a number of seconds > 0", text)
-    return value
-
-
-def non_negative_float(text: str) -> float:
-    value = parse_float(text, "a number >= 0")
-    _checked(value, value >= 0, "a number >= 0", text)
-    return value
-
-
-def fraction(text: str) -> float:
-    value = parse_float(text, "a number in (0, 1]")
-    _checked(value, 0 < value <= 1, "a number in (0, 1]", text)
-    return value
-
-
-def beta(text: str) -> float:
-    value = parse_float(text, "a number in [0, 1)")
-    _checked(value, 0 <= value < 1, "a number in [0, 1)", text)
-    return value
+positive_int = _bounded(parse_int, "a positive integer", lambda v: v > 0, "positive_int")
+non_negative_int = _bounded(parse_int, "an integer >= 0", lambda v: v >= 0, "non_negative_int")
+top_k = _bounded(parse_int, "-1 (off) or a positive integer", lambda v: v == -1 or v > 0, "top_k")
+# A port to listen on; 0 asks the system for a free one.
+port = _bounded(parse_int, "a port number 0-65535 (0 picks a free port)", lambda v: 0 <= v <= 65535, "port")
+# A port others must be told about in advance (an engine's), so 0 is not allowed.
+fixed_port = _bounded(parse_int, "a port number 1-65535", lambda v: 1 <= v <= 65535, "fixed_port")
+positive_float = _bounded(parse_float, "a number > 0", lambda v: v > 0, "positive_float")
+positive_seconds = _bounded(parse_float, "a number of seconds > 0", lambda v: v > 0, "positive_seconds")
+non_negative_float = _bounded(parse_float, "a number >= 0", lambda v: v >= 0, "non_negative_float")
+fraction = _bounded(parse_float, "a number in (0, 1]", lambda v: 0 < v <= 1, "fraction")
+beta = _bounded(parse_float, "a number in [0, 1)", lambda v: 0 <= v < 1, "beta")
 
 
 def int_at_least(minimum: int, what: str) -> Callable[[str], int]:
     """``int_at_least(2, "chart points")``: an integer with a floor, named in the message."""
-    expected = f"an integer >= {minimum} ({what})"
-
-    def convert(text: str) -> int:
-        value = parse_int(text, expected)
-        _checked(value, value >= minimum, expected, text)
-        return value
-
-    convert.__name__ = f"int_at_least_{minimum}"
-    return convert
+    return _bounded(parse_int, f"an integer >= {minimum} ({what})", lambda v: v >= minimum, f"int_at_least_{minimum}")
 
 
 def enum_type(enum_cls: type[Enum]) -> Callable[[str], Enum]:
