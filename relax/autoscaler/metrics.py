@@ -485,16 +485,16 @@ class MetricsHistory:
         return self.add(build_cluster_frame(timestamp, results, self.latest, **rl))
 
     def throughput_cv(self) -> float | None:
-        """Population std / mean of pool throughput over the window; ``None`` when it cannot be trusted.
+        """Population std / mean of pool throughput over the complete frames of the window.
 
-        Needs at least two frames, and every frame in the window must have full coverage and a
-        throughput: a sum over part of the pool would look like a dip (missing is not idle). A pool
-        whose throughput is zero throughout is perfectly stable (0.0).
+        A frame where an engine did not answer (or lacked a field) is left out, not summed: a sum over part
+        of the pool would look like a dip (missing is not idle). Left out rather than spoiling the window,
+        because one scrape that timed out on a busy node would otherwise keep scale-in blocked for a whole
+        ``condition_window_secs``; whether metrics are complete *now* is its own scale-in rule. ``None``
+        with fewer than two complete frames. A pool whose throughput is zero throughout is stable (0.0).
         """
-        frames = list(self._frames)
+        frames = [f for f in self._frames if f.total_throughput is not None and not f.missing and not f.incomplete]
         if len(frames) < 2:
-            return None
-        if any(f.total_throughput is None or f.missing or f.incomplete for f in frames):
             return None
         values = [float(f.total_throughput) for f in frames]  # type: ignore[arg-type]
         mean = sum(values) / len(values)

@@ -337,6 +337,9 @@ class AutoscalerService:
         self._last_error_at: float | None = None
         self._consecutive_errors = 0
         self._scrapes = 0
+        # Scrapes where an engine did not answer or lacked a field: each blocks scale-in for a while.
+        self._incomplete_scrapes = 0
+        self._last_incomplete: tuple[float, dict[str, str]] | None = None
         self._evaluations = 0
         self._actions = 0
 
@@ -425,6 +428,13 @@ class AutoscalerService:
         self._rl = rl
         self._last_scrape_at = now
         self._scrapes += 1
+        if not frame.complete and frame.asked:
+            gaps = {e: frame.errors.get(e, "no data") for e in frame.missing}
+            gaps.update({e: "lacks " + ", ".join(fields) for e, fields in frame.incomplete.items()})
+            self._incomplete_scrapes += 1
+            self._last_incomplete = (now, gaps)
+            log.warning("autoscaler: incomplete scrape (%d of %d engines usable): %s", len(frame.engines)
+                        - len(frame.incomplete), len(frame.asked), "; ".join(f"{e}: {why}" for e, why in gaps.items()))
         if rl:  # an unreadable relax_status stays an error until it answers again
             self._ok()
         return frame
@@ -750,6 +760,11 @@ class AutoscalerService:
                 ),
                 "scrape_timeout_secs": self.scrape_timeout,
                 "scrapes": self._scrapes,
+                "incomplete_scrapes": self._incomplete_scrapes,
+                "last_incomplete": (
+                    {"age_secs": now - self._last_incomplete[0], "engines": self._last_incomplete[1]}
+                    if self._last_incomplete is not None else None
+                ),
                 "evaluations": self._evaluations,
                 "actions": self._actions,
                 "consecutive_errors": self._consecutive_errors,

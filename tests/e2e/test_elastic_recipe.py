@@ -52,8 +52,8 @@ def submit(cluster, preset, exp: Path, api_port: int, **overrides: str) -> str:
 def diagnostics(api: RunApi, jobs, job_id: str) -> str:
     """What an operator would look at: the autoscaler's view, the scale requests, the job log's tail."""
     parts = []
-    for path in ("/autoscaler/status", "/autoscaler/scale_history", "/rollout/scale_out", "/rollout/scale_in",
-                 "/rollout/events"):
+    for path in ("/autoscaler/status", "/autoscaler/health", "/autoscaler/conditions", "/autoscaler/scale_history",
+                 "/rollout/scale_out", "/rollout/scale_in", "/rollout/events"):
         try:
             parts.append(f"{path}: {json.dumps(httpx.get(api.url + path, timeout=5, trust_env=False).json())[:3000]}")
         except Exception as exc:  # diagnostics must not hide the real failure

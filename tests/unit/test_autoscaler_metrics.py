@@ -314,14 +314,26 @@ def test_history_window_and_cv() -> None:
     assert history.throughput_cv() == 0.0  # the 110 left the window
 
 
-def test_history_cv_is_unknown_while_an_engine_is_missing() -> None:
+def test_history_cv_leaves_out_frames_with_a_missing_engine() -> None:
     history = MetricsHistory(window_secs=30)
     history.add(frame_at(0, 100))
-    assert history.add(frame_at(10, None, missing=True)).throughput_cv is None
-    history.add(frame_at(20, 100))
-    assert history.throughput_cv() is None  # the gap is still in the window
-    history.add(frame_at(50, 100))
-    assert history.throughput_cv() == 0.0
+    assert history.add(frame_at(10, None, missing=True)).throughput_cv is None  # one complete frame so far
+    assert history.add(frame_at(20, 100)).throughput_cv == 0.0  # the gap is left out, not read as a dip
+    history.add(frame_at(30, 50))
+    assert history.throughput_cv() == pytest.approx(50 / 3 / (250 / 3) * 2**0.5)  # 100, 100, 50
+    history.add(frame_at(45, None, missing=True))
+    history.add(frame_at(55, None, missing=True))
+    assert history.throughput_cv() is None  # only the 50 at t=30 is complete in the window (25..55)
+
+
+def test_history_cv_never_sums_part_of_the_pool() -> None:
+    history = MetricsHistory(window_secs=60)
+    both = {"engine_0": EngineMetrics(token_usage=0.1, num_queue_reqs=0, gen_throughput=100),
+            "engine_1": EngineMetrics(token_usage=0.1, num_queue_reqs=0, gen_throughput=100)}
+    history.add(build_cluster_frame(0, both))
+    partial = history.add(build_cluster_frame(10, {**both, "engine_1": ScrapeError("timed out")}))
+    assert partial.total_throughput == 100 and partial.throughput_cv is None  # 100 of a 200 pool: not a dip
+    assert history.add(build_cluster_frame(20, both)).throughput_cv == 0.0
 
 
 def test_idle_pool_is_stable() -> None:

@@ -454,6 +454,25 @@ async def test_no_scale_in_while_an_engine_does_not_answer(engines: EngineServer
     assert "engine_3 did not answer" in conditions["conditions"]["metrics_complete"]["note"]
     assert any("metrics incomplete" in b for b in conditions["blockers"])
     assert service.status()["coverage"] == 0.75
+    health = service.health()
+    assert health["incomplete_scrapes"] == 10
+    assert "503" in health["last_incomplete"]["engines"]["engine_3"]
+
+
+async def test_one_missed_scrape_delays_scale_in_by_the_condition_duration_not_the_window(
+    engines: EngineServer,
+) -> None:
+    manager, clock = FakeManager(engines, initial=2, elastic=2, load=IDLE), FakeClock()
+    engines.loads["engine_3"] = None  # one scrape where engine_3 does not answer (a busy node)...
+    service = make_service(manager, clock)
+    await run_steps(service, clock, 1)
+    engines.loads.pop("engine_3")  # ...then it answers again
+    decisions = await run_steps(service, clock, 8)
+    first_in = next((i for i, d in enumerate(decisions) if d.action is ScaleAction.SCALE_IN), None)
+    # complete again from the next scrape; 30 s held -> scale-in 40-50 s after the gap, while the gap is
+    # still inside the 60 s window (it is left out of the throughput CV, not read as "unknown")
+    assert first_in is not None and first_in <= 5, [d.reason for d in decisions]
+    assert service.health()["incomplete_scrapes"] == 1
 
 
 async def test_at_the_floor_there_is_nothing_to_remove(engines: EngineServer) -> None:
