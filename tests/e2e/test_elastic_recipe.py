@@ -135,8 +135,10 @@ def test_recipe_three_checks_on_an_elastic_cluster(cluster, jobs, tiny_preset, t
         assert all(h["from_engines"] - h["to_engines"] == 1 for h in ins)
         cooldown = api.autoscaler_config()["scale_in_cooldown_secs"]
         assert all(b["time"] - a["time"] >= cooldown for a, b in zip(ins, ins[1:], strict=False))
+        health = httpx.get(f"{api.url}/autoscaler/health", timeout=5, trust_env=False).json()
         print(f"\nelastic e2e: load start -> first extra engine ACTIVE {first_extra_s:.1f}s; "
-              f"load end -> back to 2 engines {back_to_initial_s:.1f}s")
+              f"load end -> back to 2 engines {back_to_initial_s:.1f}s; incomplete scrapes "
+              f"{health['incomplete_scrapes']} of {health['scrapes']} (last: {health['last_incomplete']})")
     finally:
         jobs.stop_job(job_id)
         end_status(jobs, job_id, 120)
