@@ -88,7 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="embedded Ray cluster, no autoscaling (default: a local elastic cluster via ray-job.sh)")
     demo.add_argument("--engine-only", action="store_true", help="only the built-in engine under a request burst")
     demo.add_argument("--num-rollout", type=argtypes.positive_int, default=None,
-                      help="training steps (default 150 elastic, 60 --local)")
+                      help="training steps (--local: default 60; elastic: an upper bound, default 5000: the demo "
+                           "stops the run itself once its checks are done)")
     demo.add_argument("--concurrency", type=argtypes.positive_int, default=16, help="--engine-only: requests in flight")
     demo.add_argument("--requests", type=argtypes.positive_int, default=64, help="--engine-only: requests in the burst")
     demo.set_defaults(func=_cmd_demo)

@@ -193,4 +193,6 @@ def run_demo(workdir: Path, *, concurrency: int, requests: int, engine_only: boo
         return run_training_demo(workdir, num_rollout=num_rollout or 60)
     from relax.elastic_demo import run_elastic_demo
 
-    return run_elastic_demo(workdir, num_rollout=num_rollout or 150, console=console)
+    if num_rollout is None:
+        return run_elastic_demo(workdir, console=console)
+    return run_elastic_demo(workdir, num_rollout=num_rollout, console=console)

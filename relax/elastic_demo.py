@@ -119,20 +119,42 @@ def start_burst(urls: list[str]) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-c", BURST_SCRIPT, CHAT_PROMPT, *urls])
 
 
-def run_elastic_demo(workdir: Path, *, num_rollout: int = 150, console: Console | None = None) -> int:
+DEMO_NUM_ROLLOUT = 5000  # an upper bound: the demo ends the run itself once the checks are done
+
+
+def run_elastic_demo(workdir: Path, *, num_rollout: int = DEMO_NUM_ROLLOUT, console: Console | None = None) -> int:
+    """The recipe's flow on a local elastic cluster; 0 when all three checks held and the run ended cleanly.
+
+    The run is given more steps than the checks need and is stopped with ``ray job stop`` (SIGTERM: the
+    driver finishes its step, writes summary and plot, and shuts down) once training has advanced after
+    the scale-in: how long the checks take depends on the machine, the number of steps must not.
+    """
+    try:
+        return _run_elastic_demo(workdir, num_rollout=num_rollout, console=console or Console())
+    except (TimeoutError, DemoError) as exc:
+        (console or Console()).print(f"[bold red]demo failed:[/] {exc}", soft_wrap=True)
+        return 1
+
+
+class DemoError(RuntimeError):
+    """A check of the demo did not hold; the message says which and what was seen."""
+
+
+def _run_elastic_demo(workdir: Path, *, num_rollout: int, console: Console) -> int:
     from ray.job_submission import JobSubmissionClient
 
     from relax.cluster.network import free_port
     from relax.demo import ensure_preset
     from relax.testing import ElasticCluster, ElasticClusterConfig, read_status
 
-    console = console or Console()
     workdir = workdir.resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     preset = ensure_preset(workdir)
     console.print("[bold]2. local elastic Ray cluster[/]: head with 4 logical GPUs (stable markers), "
                   "up to 2 fake autoscaled 1-GPU nodes")
-    cluster = ElasticCluster(ElasticClusterConfig(head_gpus=4, max_elastic=2, dashboard_port=0))
+    # `ray job stop` waits this long for the SIGTERM'd driver to finish cleanly before it SIGKILLs (Ray: 3 s)
+    cluster = ElasticCluster(ElasticClusterConfig(head_gpus=4, max_elastic=2, dashboard_port=0,
+                                                  env={"RAY_JOB_STOP_WAIT_TIME_S": "120"}))
     info = cluster.start()
     jobs = JobSubmissionClient(info.dashboard_url)
     job_id = None
@@ -145,37 +167,55 @@ def run_elastic_demo(workdir: Path, *, num_rollout: int = 150, console: Console 
         job_id = submit_tiny_job(env)
         console.print(f"   job {job_id}; REST API {api.url}; `relax monitor --url {api.url}/autoscaler`")
 
+        def running() -> bool:
+            if jobs.get_job_status(job_id).is_terminal():
+                raise DemoError(f"job {job_id} ended before the checks were done ({jobs.get_job_status(job_id)}; "
+                                f"--num-rollout {num_rollout} too small?); its log ends:\n"
+                                + jobs.get_job_logs(job_id)[-2000:])
+            return True
+
         def show(label: str) -> None:
             nodes = len(read_status(info.address).elastic_nodes)
             pool = ", ".join(f"{e['engine_id']}({e['kind']}:{e['status']})" for e in api.engines())
             console.print(f"   {label}\n     training step {api.training_step()}/{num_rollout}; "
                           f"elastic nodes {nodes}; engines {pool}", markup=False)
 
-        wait_until(lambda: len(api.active()) == 2 and api.training_step() >= 3, 300, "training on 2 engines")
+        wait_until(lambda: running() and len(api.active()) == 2 and api.training_step() >= 3, 300,
+                   "training on 2 engines")
         show("check 1: training advances on the initial engines")
         console.print("[bold]4. load[/]: a bounded burst of 800 requests on the engines (loopback)")
         began = time.monotonic()
         burst = start_burst([e["url"] for e in api.active()])
         try:
-            wait_until(lambda: len(api.active()) > 2, 300, "more engines under load")
+            wait_until(lambda: running() and len(api.active()) > 2, 300, "more engines under load")
             show(f"check 2: +{len(api.active()) - 2} engine(s) ACTIVE after {time.monotonic() - began:.0f}s")
         finally:
             burst.wait(timeout=600)
         ended = time.monotonic()
-        wait_until(lambda: len(api.active()) == 2 and len(api.engines()) == 2, 300, "back to the initial engines")
+        wait_until(lambda: running() and len(api.active()) == 2 and len(api.engines()) == 2, 300,
+                   "back to the initial engines")
         cluster.wait_for_nodes(0, timeout=180)
         show(f"check 3: back to 2 engines {time.monotonic() - ended:.0f}s after the load ended; nodes removed")
         for entry in reversed(api.scale_history()):
             console.print(f"   autoscaler {entry['action']} {entry['from_engines']}→{entry['to_engines']}: "
                           f"{entry['reason']}")
-        console.print("[bold]5. training continues[/] to the end of the run")
+        after = api.training_step()
+        wait_until(lambda: running() and api.training_step() >= after + 5, 300, "training to keep advancing")
+        show("check 3, continued: training keeps advancing on the initial engines")
+        console.print("[bold]5. end of the demo[/]: `ray job stop` (SIGTERM: the driver stops after its step, "
+                      "writes summary and plot, shuts down)")
+        jobs.stop_job(job_id)
         status = wait_until(lambda: jobs.get_job_status(job_id).is_terminal() and jobs.get_job_status(job_id),
-                            900, "the job to finish", poll_s=2.0)
-        console.print(f"   job {job_id}: {status}")
+                            180, "the job to stop", poll_s=1.0)
+        logs = jobs.get_job_logs(job_id)
         run_dir = exp / "tiny-elastic"
+        clean = "SIGTERM: stopping after step" in logs and (run_dir / "summary.json").exists()
+        console.print(f"   job {job_id}: {status}, {'clean stop' if clean else 'NOT a clean stop'}")
         console.print(f"   metrics: {run_dir / 'metrics.jsonl'}\n   summary: {run_dir / 'summary.json'}\n"
                       f"   plot:    {run_dir / 'training.png'}")
-        return 0 if str(status).endswith("SUCCEEDED") else 1
+        if not clean:
+            raise DemoError("the run did not stop cleanly on SIGTERM; its log ends:\n" + logs[-2000:])
+        return 0
     finally:
         if job_id is not None and not jobs.get_job_status(job_id).is_terminal():
             jobs.stop_job(job_id)
