@@ -191,8 +191,6 @@ def run_demo(workdir: Path, *, concurrency: int, requests: int, engine_only: boo
         return run_engine_demo(workdir, concurrency=concurrency, requests=requests)
     if local:
         return run_training_demo(workdir, num_rollout=num_rollout or 60)
-    from relax.elastic_demo import run_elastic_demo
+    from relax.elastic_demo import DEMO_NUM_ROLLOUT, run_elastic_demo
 
-    if num_rollout is None:
-        return run_elastic_demo(workdir, console=console)
-    return run_elastic_demo(workdir, num_rollout=num_rollout, console=console)
+    return run_elastic_demo(workdir, num_rollout=num_rollout or DEMO_NUM_ROLLOUT, console=console)

@@ -325,6 +325,12 @@ class ClusterFrame:
         """Engines asked that produced no usable frame (timeout, error, unparsable text)."""
         return tuple(engine for engine in self.asked if engine not in self.engines)
 
+    def gaps(self) -> dict[str, str]:
+        """Why each unusable engine is unusable: its scrape error, or the fields it lacked."""
+        out = {engine: self.errors.get(engine, "no data") for engine in self.missing}
+        out.update({engine: "lacks " + ", ".join(fields) for engine, fields in self.incomplete.items()})
+        return out
+
     @property
     def complete(self) -> bool:
         """Every engine asked answered with every field scale-in needs."""

@@ -428,13 +428,11 @@ class AutoscalerService:
         self._rl = rl
         self._last_scrape_at = now
         self._scrapes += 1
-        if not frame.complete and frame.asked:
-            gaps = {e: frame.errors.get(e, "no data") for e in frame.missing}
-            gaps.update({e: "lacks " + ", ".join(fields) for e, fields in frame.incomplete.items()})
+        if gaps := frame.gaps():
             self._incomplete_scrapes += 1
             self._last_incomplete = (now, gaps)
-            log.warning("autoscaler: incomplete scrape (%d of %d engines usable): %s", len(frame.engines)
-                        - len(frame.incomplete), len(frame.asked), "; ".join(f"{e}: {why}" for e, why in gaps.items()))
+            log.warning("autoscaler: incomplete scrape (%d of %d engines usable): %s", len(frame.asked) - len(gaps),
+                        len(frame.asked), "; ".join(f"{e}: {why}" for e, why in gaps.items()))
         if rl:  # an unreadable relax_status stays an error until it answers again
             self._ok()
         return frame

@@ -230,10 +230,10 @@ class RolloutManager(EngineLifecycle, ElasticScaling):
             if failure is None:
                 assert isinstance(out, dict)
                 failure = failure_from_finish_reason(out["meta_info"].get("finish_reason"))
-                error = RuntimeError(f"aborted on {engine_id}") if failure else None
-            if failure is None:
-                self._tokens_generated += int(out["meta_info"].get("completion_tokens", 0))
-                return Generation(engine_id=engine_id, output=out, dispatch_version=version)
+                if failure is None:
+                    self._tokens_generated += int(out["meta_info"].get("completion_tokens", 0))
+                    return Generation(engine_id=engine_id, output=out, dispatch_version=version)
+                error = RuntimeError(f"aborted on {engine_id}")
             if failure is FailureKind.ENGINE_UNAVAILABLE and error is not None:
                 await self._on_engine_failure(engine_id, error)
             decision = self.retry_policy.decide(failure, attempt=attempt, engine_id=engine_id, excluded=excluded)

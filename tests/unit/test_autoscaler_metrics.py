@@ -447,3 +447,13 @@ def test_metrics_url() -> None:
     assert metrics_url("http://h:1") == "http://h:1/metrics"
     assert metrics_url("http://h:1/") == "http://h:1/metrics"
     assert metrics_url("http://h:1/metrics") == "http://h:1/metrics"
+
+
+def test_frame_gaps_name_each_unusable_engine() -> None:
+    frame = build_cluster_frame(0.0, {
+        "engine_0": EngineMetrics(token_usage=0.1, num_queue_reqs=0, gen_throughput=5),
+        "engine_1": ScrapeError("timed out after 1.8s"),
+        "engine_2": EngineMetrics(token_usage=0.1, num_queue_reqs=None, gen_throughput=5),
+    })
+    assert frame.gaps() == {"engine_1": "timed out after 1.8s", "engine_2": "lacks num_queue_reqs"}
+    assert not frame.complete
