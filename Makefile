@@ -23,8 +23,11 @@ test-unit: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/relax demo
 
+# ruff, then the layering (import-linter's contracts in pyproject.toml), then import cycles among relax modules.
 lint: $(STAMP)
 	$(BIN)/ruff check relax tests benchmarks
+	$(BIN)/lint-imports --no-logo --no-cache pyproject.toml
+	$(BIN)/python tests/unit/test_layering.py
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/engine_throughput.py

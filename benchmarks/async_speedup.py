@@ -18,7 +18,7 @@ from pathlib import Path
 
 from report import save_report
 
-from relax.demo import tiny_train_argv
+from relax.demo.local import tiny_train_argv
 from relax.presets.tiny import build_tiny_preset
 
 

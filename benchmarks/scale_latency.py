@@ -50,8 +50,10 @@ from report import machine, save_report  # noqa: E402
 from relax.cluster.connect import start_local  # noqa: E402
 from relax.engines.loadgen import run_burst  # noqa: E402
 from relax.presets.tiny import build_tiny_preset  # noqa: E402
+from relax.rollout.api import status_of  # noqa: E402
 from relax.rollout.generator import SamplingSettings  # noqa: E402
 from relax.rollout.manager import ManagerConfig, RolloutManager  # noqa: E402
+from relax.rollout.scaling import ScaleInSpec, ScaleOutSpec  # noqa: E402
 from relax.training.weights import WeightManifest, make_buckets  # noqa: E402
 
 PHASES = ("placement_wait_s", "start_s", "health_s", "weight_sync_s", "total_s")
@@ -60,8 +62,14 @@ POLL_S = 0.05
 
 
 def _call(manager: Any, method: str, *args: Any) -> tuple[int, Any]:
-    answer = ray.get(getattr(manager, method).remote(*args), timeout=120)
-    return answer["http_status"], answer["body"]
+    """A control-API call as (status, body); scale bodies become the scaling core's specs."""
+    specs = {"scale_out": ScaleOutSpec, "scale_in": ScaleInSpec}
+    if method in specs:
+        args = (specs[method](**args[0]), *args[1:])
+    try:
+        return 200, ray.get(getattr(manager, method).remote(*args), timeout=120)
+    except ray.exceptions.RayTaskError as exc:
+        return status_of(exc.cause) or 500, {"detail": str(exc.cause)}
 
 
 def _wait_ended(manager: Any, direction: str, request_id: str, timeout: float = 300.0) -> dict:

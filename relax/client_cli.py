@@ -1,8 +1,9 @@
 """``relax engines | scale-out | scale-in | events``: the operator's view of a running Relax control plane.
 
-Thin HTTP clients of DESIGN 4's REST contract: they send what the operator typed and print what the control
-plane answered. No scaling rule is re-checked here (``num_replicas`` below the initial count, unknown
-fields...): the server owns the rules and its messages name the field, so the CLI shows them as they are.
+Thin HTTP clients of the ``/rollout`` REST contract (docs/elastic.md): they send what the operator typed
+and print what the control plane answered. No scaling rule is re-checked here (``num_replicas`` below the
+initial count, unknown fields...): the server owns the rules and its messages name the field, so the CLI
+shows them as they are.
 
 The control plane URL comes from ``--url``, else ``$RELAX_API_URL``, else ``http://127.0.0.1:8000``. The
 bearer token comes only from ``$RELAX_API_TOKEN``: a token on the command line would end up in shell

@@ -1,4 +1,4 @@
-"""The autoscaler's YAML configuration (DESIGN section 5): a strict pydantic model and its loader.
+"""The autoscaler's YAML configuration (docs/architecture.md, "The autoscaler"): a strict pydantic model and its loader.
 
 Why strict: the file drives a loop that creates and destroys GPU engines, so a typo must fail at
 startup with a message naming the key instead of silently falling back to a default. Every block
@@ -78,7 +78,7 @@ class ScaleInPolicy(BaseModel):
 
 
 class RLSignalsConfig(BaseModel):
-    """Relax's RL-specific signals, beside the engines' own metrics (DESIGN section 5).
+    """Relax's RL-specific signals, beside the engines' own metrics.
 
     * Trainer waiting: when the trainer spends more than ``trainer_wait_fraction_threshold`` of its
       time waiting for samples, rollout is the bottleneck, so it is one more ANY-condition for
@@ -277,8 +277,8 @@ def effective_bounds(config: AutoscalerConfig, initial_engines: int) -> tuple[in
 
     Scale-in never removes initial engines, so the floor is ``max(min_engines, initial)``; when
     ``min_engines`` is lower a note says that the effective floor is the initial count. The startup
-    rule of DESIGN 6 (``min_engines <= initial <= max_engines``) is enforced here as well, so the
-    autoscaler refuses a pool the plan would have refused.
+    rule of ``relax.config.plan.check_engine_bounds`` (``min_engines <= initial <= max_engines``) is enforced
+    here as well, so the autoscaler refuses a pool the plan would have refused.
     """
     if initial_engines < 0:
         raise AutoscalerConfigError(f"initial engine count must be >= 0, got {initial_engines}")

@@ -1,4 +1,4 @@
-"""What the autoscaler sees: engines' Prometheus text turned into frames (DESIGN 3.3 and 5).
+"""What the autoscaler sees: engines' Prometheus text turned into frames (docs/architecture.md, "The autoscaler").
 
 Pure except for ``scrape_all`` (the only code here that does I/O). The pipeline is
 
@@ -49,7 +49,7 @@ __all__ = [
     "scrape_all",
 ]
 
-# EngineMetrics field -> SGLang metric name (DESIGN 3.3).
+# EngineMetrics field -> SGLang metric name (docs/architecture.md, "Engines").
 GAUGES: dict[str, str] = {
     "token_usage": "sglang:token_usage",
     "num_queue_reqs": "sglang:num_queue_reqs",

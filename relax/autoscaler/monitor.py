@@ -1,4 +1,4 @@
-"""``relax monitor``: a terminal dashboard of a running autoscaler (DESIGN 5).
+"""``relax monitor``: a terminal dashboard of a running autoscaler (docs/architecture.md, "The autoscaler").
 
 It polls the ``/autoscaler`` REST routes of the control plane every ``--interval`` seconds and shows what an
 operator asks when the pool grows or shrinks: how many engines, how loaded (token usage, queues, throughput,
@@ -16,6 +16,9 @@ Why the shape:
 * **A poll that fails does not end the app.** Once running, an unreachable server is shown on the status line
   and the last good data stays on screen: the control plane restarting is exactly when one wants to watch.
 * **Textual is imported lazily** (``make_app``) so registering the sub-command keeps ``relax --help`` fast.
+* **One vocabulary.** Condition names, their words, the rules and the outcomes come from
+  ``relax.autoscaler.policy`` (a light import), request statuses from ``relax.rollout.scaling`` (imported on
+  first use), so the dashboard says what the server means.
 * **The history is the monitor's own.** Charts show what this monitor saw (one point per poll, a few minutes'
   worth in memory); the server keeps no time series of its own to ask for.
 """
@@ -40,6 +43,7 @@ import httpx
 from rich.text import Text
 
 from relax import argtypes
+from relax.autoscaler.policy import CONDITION_LABELS, Mode, Outcome, Rule, ScaleAction, Unit, rules_summary
 
 if TYPE_CHECKING:
     from textual.app import App
@@ -112,20 +116,24 @@ def as_number(value: Any) -> float | None:
     return None
 
 
-def fmt_value(value: Any, kind: str = "count") -> str:
+RATE = "rate"
+"""A unit of the monitor's own (throughput), beside the conditions' :class:`~relax.autoscaler.policy.Unit`."""
+
+
+def fmt_value(value: Any, kind: str = Unit.COUNT) -> str:
     """One value for a cell: ``fraction`` 0.85, ``percent`` 85%, ``secs`` 1.23s, ``rate`` 1600 tok/s, ``count``."""
     number = as_number(value)
     if number is None:
         return NONE
     if math.isinf(number):
         return "+Inf" if number > 0 else "-Inf"
-    if kind == "fraction":
+    if kind == Unit.FRACTION:
         return f"{number:.2f}"
-    if kind == "percent":
+    if kind == Unit.PERCENT:
         return f"{number:.0%}"
-    if kind == "secs":
+    if kind == Unit.SECS:
         return f"{number:.2f}s"
-    if kind == "rate":
+    if kind == RATE:
         return f"{number:.0f} tok/s" if number >= 10 else f"{number:.2f} tok/s"
     return f"{number:.0f}" if number == round(number) else f"{number:.1f}"
 
@@ -169,28 +177,11 @@ def _mapping(value: Any) -> Mapping[str, Any]:
 # --------------------------------------------------------------------------------------------------
 # Data shaping (pure)
 
-# name -> (label, comparison, kind). The server sends value and threshold; the words are the monitor's.
-CONDITION_LABELS: dict[str, tuple[str, str, str]] = {
-    "token_usage_high": ("token usage", ">=", "fraction"),
-    "queue_per_engine_high": ("queue per engine", ">=", "count"),
-    "queue_time_p95_high": ("queue-time P95", ">=", "secs"),
-    "ttft_p95_high": ("TTFT P95", ">=", "secs"),
-    "trainer_waiting": ("trainer waiting for data", ">=", "percent"),
-    "staleness_blocked": ("blocked by staleness gate", ">=", "percent"),
-    "metrics_complete": ("metrics coverage", ">=", "percent"),
-    "token_usage_low": ("token usage", "<=", "fraction"),
-    "no_queue": ("total queue", "<=", "count"),
-    "throughput_stable": ("throughput CV", "<=", "fraction"),
-    "projected_usage_ok": ("usage on one engine fewer", "<=", "fraction"),
-}
-_RULE_TITLES = {"scale_out": "scale-out", "scale_in": "scale-in", "gate": "gate"}
-_DEFAULT_RULES = {
-    "scale_out": ["token_usage_high", "queue_per_engine_high", "queue_time_p95_high", "ttft_p95_high",
-                  "trainer_waiting"],
-    "scale_in": ["metrics_complete", "token_usage_low", "no_queue", "throughput_stable", "projected_usage_ok"],
-    "gate": ["staleness_blocked"],
-}
-_DEFAULT_MODES = {"scale_out": "ANY", "scale_in": "ALL", "gate": "suppresses scale-out"}
+# The server sends each condition's value and threshold; the words (CONDITION_LABELS) and the rules are the
+# policy's, imported so the two never disagree.
+_RULE_TITLES = {Rule.SCALE_OUT: "scale-out", Rule.SCALE_IN: "scale-in", Rule.GATE: "gate"}
+_COMBINING_MODES = (Mode.ANY, Mode.ALL)
+"""Modes under which a condition is one of a rule's terms (the gate's mode only suppresses)."""
 
 
 @dataclass(frozen=True)
@@ -220,8 +211,7 @@ def condition_rows(body: Mapping[str, Any]) -> list[ConditionRow]:
     shows (under its ``direction``) instead of disappearing.
     """
     conditions = _mapping(body.get("conditions"))
-    rules = _mapping(body.get("rules")) or {k: {"mode": _DEFAULT_MODES[k], "conditions": v}
-                                             for k, v in _DEFAULT_RULES.items()}
+    rules = _mapping(body.get("rules")) or rules_summary()
     order: list[tuple[str, str]] = []
     for rule, spec in rules.items():
         spec = _mapping(spec)
@@ -240,8 +230,8 @@ def condition_rows(body: Mapping[str, Any]) -> list[ConditionRow]:
         mode = modes.get(rule, "") if name in listed else ""  # a condition outside the rule is not part of ANY/ALL
         state = _mapping(conditions[name])
         direction = str(state.get("direction") or rule)
-        default_op = "<=" if direction == "scale_in" else ">="
-        label, op, kind = CONDITION_LABELS.get(name, (name.replace("_", " "), default_op, "count"))
+        default_op = "<=" if direction == Rule.SCALE_IN else ">="
+        label, op, kind = CONDITION_LABELS.get(name, (name.replace("_", " "), default_op, Unit.COUNT))
         met, sustained = bool(state.get("met")), bool(state.get("sustained"))
         required = as_number(state.get("required_secs")) or 0.0
         streak = as_number(state.get("streak_secs")) or 0.0
@@ -255,7 +245,7 @@ def condition_rows(body: Mapping[str, Any]) -> list[ConditionRow]:
         title = _RULE_TITLES.get(rule, rule)
         rows.append(
             ConditionRow(
-                rule=f"{title} ({mode})" if mode in ("ANY", "ALL") else title,
+                rule=f"{title} ({mode})" if mode in _COMBINING_MODES else title,
                 name=name,
                 label=label,
                 state=shown,
@@ -284,10 +274,10 @@ def engine_rows(status: Mapping[str, Any]) -> list[tuple[str, str, str, str, str
         rows.append(
             (
                 str(engine),
-                fmt_value(gauges.get("token_usage"), "fraction"),
+                fmt_value(gauges.get("token_usage"), Unit.FRACTION),
                 fmt_value(gauges.get("num_queue_reqs")),
                 fmt_value(gauges.get("num_running_reqs")),
-                fmt_value(gauges.get("gen_throughput"), "rate"),
+                fmt_value(gauges.get("gen_throughput"), RATE),
             )
         )
     missing = _mapping(frame.get("missing"))
@@ -303,16 +293,16 @@ def metric_rows(status: Mapping[str, Any]) -> list[tuple[str, str]]:
     trainer_wait = frame.get("trainer_wait_fraction", rl.get("trainer_wait_fraction"))
     blocked = frame.get("staleness_blocked_fraction", rl.get("staleness_blocked_fraction"))
     return [
-        ("token usage", fmt_value(frame.get("token_usage"), "fraction")),
+        ("token usage", fmt_value(frame.get("token_usage"), Unit.FRACTION)),
         ("queue (total)", fmt_value(frame.get("total_queue"))),
         ("queue per engine", fmt_value(frame.get("queue_per_engine"))),
         ("running requests", fmt_value(frame.get("total_running"))),
-        ("throughput", fmt_value(frame.get("total_throughput"), "rate")),
-        ("throughput CV", fmt_value(frame.get("throughput_cv"), "fraction")),
-        ("queue-time P95", fmt_value(frame.get("queue_time_p95"), "secs")),
-        ("TTFT P95", fmt_value(frame.get("ttft_p95"), "secs")),
-        ("trainer waiting", fmt_value(trainer_wait, "percent")),
-        ("staleness-blocked", fmt_value(blocked, "percent")),
+        ("throughput", fmt_value(frame.get("total_throughput"), RATE)),
+        ("throughput CV", fmt_value(frame.get("throughput_cv"), Unit.FRACTION)),
+        ("queue-time P95", fmt_value(frame.get("queue_time_p95"), Unit.SECS)),
+        ("TTFT P95", fmt_value(frame.get("ttft_p95"), Unit.SECS)),
+        ("trainer waiting", fmt_value(trainer_wait, Unit.PERCENT)),
+        ("staleness-blocked", fmt_value(blocked, Unit.PERCENT)),
     ]
 
 
@@ -320,7 +310,7 @@ def _per_direction(values: Any, totals: Mapping[str, Any] | None = None, counts:
     """``out 40s of 60s · in —``: one timer per direction, as the policy keeps them."""
     values, counts = _mapping(values), _mapping(counts)
     parts = []
-    for direction, short in (("scale_out", "out"), ("scale_in", "in")):
+    for direction, short in ((ScaleAction.SCALE_OUT.value, "out"), (ScaleAction.SCALE_IN.value, "in")):
         text = fmt_duration(values.get(direction))
         total = as_number((totals or {}).get(direction))
         if text != NONE and total:
@@ -358,22 +348,25 @@ def overview_rows(
     rows.append(("bounds", f"{status.get('floor', NONE)} .. {status.get('ceiling', NONE)} engines"))
 
     frame = _mapping(status.get("last_frame"))
-    coverage = fmt_value(status.get("coverage"), "percent")
+    coverage = fmt_value(status.get("coverage"), Unit.PERCENT)
     if frame:
         coverage += f" ({frame.get('answered', NONE)} of {frame.get('asked', NONE)} engines answered)"
     rows.append(("coverage", coverage))
 
     decision = _mapping(status.get("last_decision"))
     if decision:
-        action = str(decision.get("action") or "none")
+        action = str(decision.get("action") or ScaleAction.NONE.value)
         target = decision.get("target")
-        head = f"{action} → {target}" if action != "none" and target is not None else action
+        head = f"{action} → {target}" if action != ScaleAction.NONE and target is not None else action
         rows.append(("decision", f"{head}: {clip(str(decision.get('reason') or ''), 240)}"))
     else:
         rows.append(("decision", "not evaluated yet"))
 
     rows.append(("pending", pending_text(status)))
-    cooldowns = {"scale_out": config.get("scale_out_cooldown_secs"), "scale_in": config.get("scale_in_cooldown_secs")}
+    cooldowns = {
+        ScaleAction.SCALE_OUT.value: config.get("scale_out_cooldown_secs"),
+        ScaleAction.SCALE_IN.value: config.get("scale_in_cooldown_secs"),
+    }
     rows.append(("cooldown", _per_direction(status.get("cooldown_remaining_secs"), cooldowns)))
     rows.append(("backoff", _per_direction(status.get("backoff_remaining_secs"), None, status.get("rejections"))))
     blockers = [str(b) for b in status.get("blockers") or []]
@@ -404,6 +397,17 @@ def pending_text(status: Mapping[str, Any]) -> str:
     return "none"
 
 
+@cache
+def _explained_outcomes() -> frozenset[str]:
+    """Outcomes whose ``detail`` says why nothing (or not what was asked) happened: shown before the reason.
+
+    The request statuses come from the scaling core, imported on first use to keep ``relax --help`` quick.
+    """
+    from relax.rollout.scaling import FAILED_STATUSES
+
+    return frozenset({Outcome.REJECTED, Outcome.NOOP, Outcome.UNKNOWN}) | FAILED_STATUSES
+
+
 def history_rows(entries: Iterable[Mapping[str, Any]], reason_width: int = 120) -> list[tuple[str, ...]]:
     """``GET /scale_history`` entries (newest first) as ``(time, action, from → to, outcome, reason)``."""
     rows = []
@@ -411,7 +415,7 @@ def history_rows(entries: Iterable[Mapping[str, Any]], reason_width: int = 120) 
         entry = _mapping(entry)
         outcome = str(entry.get("outcome") or NONE)
         reason = str(entry.get("reason") or "")
-        if entry.get("detail") and outcome in ("REJECTED", "FAILED", "CANCELLED", "NOOP", "UNKNOWN"):
+        if entry.get("detail") and outcome in _explained_outcomes():
             reason = f"[{entry['detail']}] {reason}"
         rows.append(
             (
@@ -512,13 +516,13 @@ def chart_rows(series: MetricSeries, status: Mapping[str, Any], width: int = 40)
     return [
         ("engines", sparkline(series.values("engines"), width, 0.0, top), now_engines),
         ("token usage", sparkline(series.values("token_usage"), width, 0.0, 1.0),
-         fmt_value(frame.get("token_usage"), "fraction")),
+         fmt_value(frame.get("token_usage"), Unit.FRACTION)),
         ("queue", sparkline(series.values("total_queue"), width), fmt_value(frame.get("total_queue"))),
         ("throughput", sparkline(series.values("throughput"), width),
-         fmt_value(frame.get("total_throughput"), "rate")),
+         fmt_value(frame.get("total_throughput"), RATE)),
         ("queue P95", sparkline(series.values("queue_time_p95"), width),
-         fmt_value(frame.get("queue_time_p95"), "secs")),
-        ("TTFT P95", sparkline(series.values("ttft_p95"), width), fmt_value(frame.get("ttft_p95"), "secs")),
+         fmt_value(frame.get("queue_time_p95"), Unit.SECS)),
+        ("TTFT P95", sparkline(series.values("ttft_p95"), width), fmt_value(frame.get("ttft_p95"), Unit.SECS)),
     ]
 
 

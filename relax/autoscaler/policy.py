@@ -1,4 +1,4 @@
-"""The autoscaler's decision rules (DESIGN section 5): frames in, one decision out, no I/O.
+"""The autoscaler's decision rules (docs/architecture.md, "The autoscaler"): frames in, one decision out, no I/O.
 
 ``AutoscalerPolicy.evaluate(frame, pool)`` is called every ``evaluation_interval_secs`` with the
 latest ``ClusterFrame`` and a ``PoolView``; the caller carries the decision out through the scaling
@@ -29,6 +29,12 @@ The rules, and why:
   decision while a request is pending. Cooldowns per direction run from the last accepted action in
   that direction. A rejected or failed request backs off exponentially in that direction
   (30 s doubling to 5 min by default) instead of being retried every cycle.
+
+This module is also the autoscaler's **vocabulary**: the condition names (:class:`Condition`), the rules they
+form (:class:`Rule`, :class:`Mode`, :func:`rules_summary`), how each is worded (:data:`CONDITION_LABELS`) and
+the outcomes the service records beside a request's own statuses (:class:`Outcome`). The service and the
+``relax monitor`` dashboard import them from here rather than repeating the strings. It imports nothing heavy
+at run time (the config model only for type checking), so the monitor can use it and stay quick to start.
 """
 
 from __future__ import annotations
@@ -37,40 +43,34 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import Enum
-from typing import Any
+from enum import Enum, StrEnum
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from relax.autoscaler.config import AutoscalerConfig
-from relax.autoscaler.metrics import ClusterFrame, json_number
+from relax.autoscaler.metrics import json_number
+
+if TYPE_CHECKING:
+    from relax.autoscaler.config import AutoscalerConfig
+    from relax.autoscaler.metrics import ClusterFrame
 
 __all__ = [
+    "CONDITION_LABELS",
     "SCALE_IN_CONDITIONS",
     "SCALE_OUT_CONDITIONS",
     "STALENESS_GATE",
     "AutoscalerPolicy",
+    "Condition",
+    "ConditionLabel",
     "ConditionState",
     "Decision",
+    "Mode",
+    "Outcome",
     "PoolView",
+    "Rule",
     "ScaleAction",
+    "Unit",
     "describe",
+    "rules_summary",
 ]
-
-SCALE_OUT_CONDITIONS = (
-    "token_usage_high",
-    "queue_per_engine_high",
-    "queue_time_p95_high",
-    "ttft_p95_high",
-    "trainer_waiting",
-)
-SCALE_IN_CONDITIONS = (
-    "metrics_complete",
-    "token_usage_low",
-    "no_queue",
-    "throughput_stable",
-    "projected_usage_ok",
-)
-STALENESS_GATE = "staleness_blocked"
-_DELTA_EPSILON = 1e-9  # so float noise in observed/threshold cannot add a whole engine
 
 
 class ScaleAction(str, Enum):
@@ -79,6 +79,117 @@ class ScaleAction(str, Enum):
     NONE = "none"
     SCALE_OUT = "scale_out"
     SCALE_IN = "scale_in"
+
+
+class Condition(StrEnum):
+    """Every condition the policy evaluates (the keys of ``Decision.conditions`` and ``GET /conditions``)."""
+
+    TOKEN_USAGE_HIGH = "token_usage_high"
+    QUEUE_PER_ENGINE_HIGH = "queue_per_engine_high"
+    QUEUE_TIME_P95_HIGH = "queue_time_p95_high"
+    TTFT_P95_HIGH = "ttft_p95_high"
+    TRAINER_WAITING = "trainer_waiting"
+    STALENESS_BLOCKED = "staleness_blocked"
+    METRICS_COMPLETE = "metrics_complete"
+    TOKEN_USAGE_LOW = "token_usage_low"
+    NO_QUEUE = "no_queue"
+    THROUGHPUT_STABLE = "throughput_stable"
+    PROJECTED_USAGE_OK = "projected_usage_ok"
+
+
+class Rule(StrEnum):
+    """The rule a condition belongs to (``ConditionState.direction``, the keys of ``rules_summary()``)."""
+
+    SCALE_OUT = ScaleAction.SCALE_OUT.value
+    SCALE_IN = ScaleAction.SCALE_IN.value
+    GATE = "gate"
+
+
+class Mode(StrEnum):
+    """How a rule combines its conditions."""
+
+    ANY = "ANY"
+    ALL = "ALL"
+    SUPPRESSES = "suppresses scale-out"
+
+
+class Unit(StrEnum):
+    """How a condition's value and threshold are written (``describe`` here, the monitor's table there)."""
+
+    COUNT = "count"
+    FRACTION = "fraction"
+    PERCENT = "percent"
+    SECS = "secs"
+
+
+class Outcome(StrEnum):
+    """What became of a decision that acted, besides the request's own statuses (``ACTIVE``, ``FAILED``...).
+
+    ``PENDING`` while its request runs; ``NOOP`` when the pool already had the target; ``REJECTED`` when
+    the scaling rules refused it or the manager could not be asked; ``UNKNOWN`` when the request's record
+    vanished (garbage-collected, or lost with a restarted manager) before it was seen to end.
+    """
+
+    PENDING = "PENDING"
+    NOOP = "NOOP"
+    REJECTED = "REJECTED"
+    UNKNOWN = "UNKNOWN"
+
+
+SCALE_OUT_CONDITIONS: tuple[Condition, ...] = (
+    Condition.TOKEN_USAGE_HIGH,
+    Condition.QUEUE_PER_ENGINE_HIGH,
+    Condition.QUEUE_TIME_P95_HIGH,
+    Condition.TTFT_P95_HIGH,
+    Condition.TRAINER_WAITING,
+)
+SCALE_IN_CONDITIONS: tuple[Condition, ...] = (
+    Condition.METRICS_COMPLETE,
+    Condition.TOKEN_USAGE_LOW,
+    Condition.NO_QUEUE,
+    Condition.THROUGHPUT_STABLE,
+    Condition.PROJECTED_USAGE_OK,
+)
+STALENESS_GATE = Condition.STALENESS_BLOCKED
+RULES: dict[Rule, tuple[Mode, tuple[Condition, ...]]] = {
+    Rule.SCALE_OUT: (Mode.ANY, SCALE_OUT_CONDITIONS),
+    Rule.SCALE_IN: (Mode.ALL, SCALE_IN_CONDITIONS),
+    Rule.GATE: (Mode.SUPPRESSES, (STALENESS_GATE,)),
+}
+"""Each rule's mode and conditions, in the order they are shown."""
+
+
+def rules_summary() -> dict[str, dict[str, Any]]:
+    """``RULES`` as JSON: ``{"scale_out": {"mode": "ANY", "conditions": [...]}, ...}`` (``GET /conditions``)."""
+    return {
+        rule.value: {"mode": mode.value, "conditions": [name.value for name in names]}
+        for rule, (mode, names) in RULES.items()
+    }
+
+
+class ConditionLabel(NamedTuple):
+    """How a condition is worded: ``label``, its comparison ``op`` and the ``unit`` its numbers are written in."""
+
+    label: str
+    op: str
+    unit: Unit
+
+
+CONDITION_LABELS: dict[str, ConditionLabel] = {
+    Condition.TOKEN_USAGE_HIGH: ConditionLabel("token usage", ">=", Unit.FRACTION),
+    Condition.QUEUE_PER_ENGINE_HIGH: ConditionLabel("queue per engine", ">=", Unit.COUNT),
+    Condition.QUEUE_TIME_P95_HIGH: ConditionLabel("queue-time P95", ">=", Unit.SECS),
+    Condition.TTFT_P95_HIGH: ConditionLabel("TTFT P95", ">=", Unit.SECS),
+    Condition.TRAINER_WAITING: ConditionLabel("trainer waiting for data", ">=", Unit.PERCENT),
+    Condition.STALENESS_BLOCKED: ConditionLabel("rollout blocked by the staleness gate", ">=", Unit.PERCENT),
+    Condition.METRICS_COMPLETE: ConditionLabel("metrics coverage", ">=", Unit.PERCENT),
+    Condition.TOKEN_USAGE_LOW: ConditionLabel("token usage", "<=", Unit.FRACTION),
+    Condition.NO_QUEUE: ConditionLabel("total queue", "<=", Unit.COUNT),
+    Condition.THROUGHPUT_STABLE: ConditionLabel("throughput CV", "<=", Unit.FRACTION),
+    Condition.PROJECTED_USAGE_OK: ConditionLabel("projected usage on one engine fewer", "<=", Unit.FRACTION),
+}
+"""name -> how it is worded: the policy's reasons and the monitor's table use the same words."""
+_DELTA_EPSILON = 1e-9  # so float noise in observed/threshold cannot add a whole engine
 
 
 @dataclass(frozen=True)
@@ -171,29 +282,13 @@ def _fmt(value: float | None, kind: str) -> str:
         return "unknown"
     if math.isinf(value):
         return "+Inf"
-    if kind == "secs":
+    if kind == Unit.SECS:
         return f"{value:.2f}s"
-    if kind == "fraction":
+    if kind == Unit.FRACTION:
         return f"{value:.2f}"
-    if kind == "percent":
+    if kind == Unit.PERCENT:
         return f"{value:.0%}"
     return f"{value:g}"
-
-
-# name -> (label, comparison, value format)
-_LABELS: dict[str, tuple[str, str, str]] = {
-    "token_usage_high": ("token usage", ">=", "fraction"),
-    "queue_per_engine_high": ("queue per engine", ">=", "count"),
-    "queue_time_p95_high": ("queue-time P95", ">=", "secs"),
-    "ttft_p95_high": ("TTFT P95", ">=", "secs"),
-    "trainer_waiting": ("trainer waiting for data", ">=", "percent"),
-    STALENESS_GATE: ("rollout blocked by the staleness gate", ">=", "percent"),
-    "metrics_complete": ("metrics coverage", ">=", "percent"),
-    "token_usage_low": ("token usage", "<=", "fraction"),
-    "no_queue": ("total queue", "<=", "count"),
-    "throughput_stable": ("throughput CV", "<=", "fraction"),
-    "projected_usage_ok": ("projected usage on one engine fewer", "<=", "fraction"),
-}
 
 
 def describe(name: str, state: ConditionState) -> str:
@@ -202,7 +297,7 @@ def describe(name: str, state: ConditionState) -> str:
     ``"queue per engine 20 >= 10 (held 30s of 30s)"`` for a condition that holds,
     ``"token usage 0.50 (needs <= 0.30)"`` for one that does not.
     """
-    label, op, kind = _LABELS[name]
+    label, op, kind = CONDITION_LABELS[name]
     note = f" [{state.note}]" if state.note else ""
     value, threshold = _fmt(state.value, kind), _fmt(state.threshold, kind)
     if not state.met:
@@ -331,7 +426,7 @@ class AutoscalerPolicy:
         also = f"; also {'; '.join(others)}" if others else ""
         reason = (
             f"scale out {n} -> {n + delta} (+{delta}): {describe(top, conditions[top])}, "
-            f"×{_fmt(ratios[top], 'fraction')} the threshold{also}"
+            f"×{_fmt(ratios[top], Unit.FRACTION)} the threshold{also}"
         )
         return decide(ScaleAction.SCALE_OUT, reason, n + delta)
 
@@ -369,8 +464,9 @@ class AutoscalerPolicy:
 
         ``accepted=True`` when the scaling API took the request: starts that direction's cooldown,
         clears its backoff and restarts every streak (the pool is about to change). ``accepted=False``
-        when it was refused (409, 400) or the request ended FAILED: that direction backs off for
-        ``backoff_base_secs × 2^(rejections − 1)``, at most ``backoff_max_secs``.
+        when it was refused (a scaling rule, another request running, a NOOP) or the request ended FAILED
+        or CANCELLED: that direction backs off for ``backoff_base_secs × 2^(rejections − 1)``, at most
+        ``backoff_max_secs``.
         """
         if action is ScaleAction.NONE:
             raise ValueError("record_action needs SCALE_OUT or SCALE_IN")
@@ -467,41 +563,41 @@ class AutoscalerPolicy:
         so, si, rl = cfg.scale_out_policy, cfg.scale_in_policy, cfg.rl_signals
         out_secs, in_secs = so.condition_duration_secs, si.condition_duration_secs
 
-        def at_least(value: float | None, threshold: float, secs: float, direction: str) -> _Reading:
+        def at_least(value: float | None, threshold: float, secs: float, direction: str = Rule.SCALE_OUT) -> _Reading:
             met = value is not None and value >= threshold
             return _Reading(value, threshold, met, secs, direction, "" if value is not None else "no data")
 
         def at_most(value: float | None, threshold: float, note: str = "") -> _Reading:
             met = value is not None and value <= threshold
             return _Reading(
-                value, threshold, met, in_secs, "scale_in", note or ("" if value is not None else "no data")
+                value, threshold, met, in_secs, Rule.SCALE_IN, note or ("" if value is not None else "no data")
             )
 
-        readings = {
-            "token_usage_high": at_least(frame.token_usage, so.token_usage_threshold, out_secs, "scale_out"),
-            "queue_per_engine_high": at_least(frame.queue_per_engine, so.queue_depth_per_engine, out_secs, "scale_out"),
-            "queue_time_p95_high": at_least(frame.queue_time_p95, so.queue_time_p95_threshold, out_secs, "scale_out"),
-            "ttft_p95_high": at_least(frame.ttft_p95, so.ttft_p95_threshold, out_secs, "scale_out"),
+        readings: dict[str, _Reading] = {
+            Condition.TOKEN_USAGE_HIGH: at_least(frame.token_usage, so.token_usage_threshold, out_secs),
+            Condition.QUEUE_PER_ENGINE_HIGH: at_least(frame.queue_per_engine, so.queue_depth_per_engine, out_secs),
+            Condition.QUEUE_TIME_P95_HIGH: at_least(frame.queue_time_p95, so.queue_time_p95_threshold, out_secs),
+            Condition.TTFT_P95_HIGH: at_least(frame.ttft_p95, so.ttft_p95_threshold, out_secs),
         }
         if rl.trainer_wait_enabled:
-            readings["trainer_waiting"] = at_least(
-                frame.trainer_wait_fraction, rl.trainer_wait_fraction_threshold, out_secs, "scale_out"
+            readings[Condition.TRAINER_WAITING] = at_least(
+                frame.trainer_wait_fraction, rl.trainer_wait_fraction_threshold, out_secs
             )
         if rl.staleness_blocked_enabled:
             readings[STALENESS_GATE] = at_least(
-                frame.staleness_blocked_fraction, rl.staleness_blocked_fraction_threshold, 0.0, "gate"
+                frame.staleness_blocked_fraction, rl.staleness_blocked_fraction_threshold, 0.0, Rule.GATE
             )
         gaps = [
             *(f"{e} did not answer" for e in frame.missing),
             *(f"{e} lacks {', '.join(f)}" for e, f in frame.incomplete.items()),
         ]
         complete = frame.coverage >= cfg.min_coverage_scale_in and not gaps
-        readings["metrics_complete"] = _Reading(
-            frame.coverage, cfg.min_coverage_scale_in, complete, in_secs, "scale_in", "; ".join(gaps)
+        readings[Condition.METRICS_COMPLETE] = _Reading(
+            frame.coverage, cfg.min_coverage_scale_in, complete, in_secs, Rule.SCALE_IN, "; ".join(gaps)
         )
-        readings["token_usage_low"] = at_most(frame.token_usage, si.token_usage_threshold)
-        readings["no_queue"] = at_most(frame.total_queue, si.queue_depth_threshold)
-        readings["throughput_stable"] = at_most(
+        readings[Condition.TOKEN_USAGE_LOW] = at_most(frame.token_usage, si.token_usage_threshold)
+        readings[Condition.NO_QUEUE] = at_most(frame.total_queue, si.queue_depth_threshold)
+        readings[Condition.THROUGHPUT_STABLE] = at_most(
             frame.throughput_cv,
             si.throughput_variance_threshold,
             "" if frame.throughput_cv is not None else "not enough history",
@@ -509,7 +605,7 @@ class AutoscalerPolicy:
         projected = None
         if frame.token_usage is not None and n > 1:
             projected = frame.token_usage * n / (n - 1)
-        readings["projected_usage_ok"] = at_most(
+        readings[Condition.PROJECTED_USAGE_OK] = at_most(
             projected, si.projected_usage_max, "" if n > 1 else "one engine cannot lose one"
         )
         return readings

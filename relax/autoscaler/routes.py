@@ -1,4 +1,5 @@
-"""The autoscaler's REST routes (DESIGN 5), mounted by the control plane under ``/autoscaler``.
+"""The autoscaler's REST routes (docs/architecture.md, "The autoscaler"), mounted by the control plane under
+``/autoscaler``.
 
     GET   /status                       bounds, pool, last decision, pending request, timers, last frame
     POST  /enable         {enabled}     turn acting on or off (strict bool; unknown fields are 422)
@@ -8,11 +9,11 @@
     GET   /config                       the config in effect
     PATCH /config         {partial}     deep-merge, validate, swap in whole; 400 naming the key on error
 
-The handlers are thin on purpose (DESIGN 2: no logic in route handlers): each validates what the client
-sent and makes one call on :class:`~relax.autoscaler.service.AutoscalerService`. Every answer is built
-with ``strict_json`` and sent by ``JSONResponse`` (which refuses NaN/inf), so a client never receives the
-non-standard ``NaN``/``Infinity`` tokens that strict JSON parsers reject, and with non-ASCII characters
-escaped (see :class:`_AsciiJSONResponse`).
+The handlers are thin on purpose (no logic in route handlers: docs/architecture.md, "Where decisions live"):
+each validates what the client sent and makes one call on :class:`~relax.autoscaler.service.AutoscalerService`.
+Every answer is built with ``strict_json`` and sent by ``JSONResponse`` (which refuses NaN/inf), so a client
+never receives the non-standard ``NaN``/``Infinity`` tokens that strict JSON parsers reject, and with
+non-ASCII characters escaped (see :class:`_AsciiJSONResponse`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The autoscaler service: the imperative shell around the pure policy (DESIGN 2 and 5).
+"""The autoscaler service: the imperative shell around the pure policy (docs/architecture.md, "The autoscaler").
 
 Every ``metrics_interval_secs`` it scrapes ``/metrics`` of every ACTIVE engine (``scrape_all``), adds the
 trainer's and the staleness gate's RL signals from the RolloutManager, and records a ``ClusterFrame``;
@@ -9,11 +9,19 @@ targets, the initial-engine floor, one operation at a time). It then follows the
 that request ends, and tells the policy what became of it (``record_action``): a refusal or a failed
 request backs off, an accepted one starts the cooldown.
 
+The backend is the one client of the RolloutManager actor (``relax.rollout.manager_client.ManagerClient``,
+or ``relax.testing.local_rollout.LocalRollout`` in process): it answers plain values and raises the scaling
+core's typed errors. A ``ScalingError`` is a *refusal* (the rules said no: recorded, backed off); any other
+exception is an *error* (the manager could not be asked: recorded in ``health()`` as well).
+
 Why the shape:
 
 * **No logic here.** Thresholds, streaks, bounds, cooldowns, backoff and sizing are the policy's; frames and
   coverage are ``metrics``'; validation is ``AutoscalerConfig``'s. This module only moves data between them
   and the backend, so the rules stay unit-testable in milliseconds and this file stays reviewable.
+* **One vocabulary.** Request statuses and the engine count come from the scaling core
+  (``relax.rollout.scaling``: ``TERMINAL_STATUSES``, ``FAILED_STATUSES``, ``relax_status()["current_engines"]``);
+  condition names, rules and outcomes from the policy. Nothing is re-derived here.
 * **One clock.** The injected clock stamps frames, drives the policy and schedules the loop, so tests step
   the service deterministically (``step()``) and the loop (``run()``) is the same code on a timer.
 * **It never dies of a bad cycle.** A backend that does not answer, an engine that times out or a bug in a
@@ -43,45 +51,39 @@ from relax.autoscaler.metrics import ClusterFrame, MetricsHistory, json_number, 
 from relax.autoscaler.policy import (
     SCALE_IN_CONDITIONS,
     SCALE_OUT_CONDITIONS,
-    STALENESS_GATE,
     AutoscalerPolicy,
     Decision,
+    Outcome,
     PoolView,
     ScaleAction,
+    rules_summary,
+)
+from relax.rollout.pool import EngineState
+from relax.rollout.scaling import (
+    FAILED_STATUSES,
+    TERMINAL_STATUSES,
+    ScaleConflict,
+    ScaleInSpec,
+    ScaleOutSpec,
+    ScalingError,
+    UnknownRequest,
 )
 
 log = logging.getLogger("relax.autoscaler")
 
 __all__ = [
-    "FAILED_REQUEST_STATUSES",
     "HISTORY_LIMIT",
-    "NOT_LIVE_STATES",
-    "TERMINAL_REQUEST_STATUSES",
     "AutoscalerBackend",
     "AutoscalerService",
     "PendingRequest",
-    "RayManagerBackend",
     "ScaleRecord",
     "config_error_field",
     "start_autoscaler",
     "strict_json",
 ]
 
-Envelope = dict[str, Any]
-"""``{"http_status": int, "body": <JSON-able>}``: how the RolloutManager answers across the Ray boundary."""
-
 HISTORY_LIMIT = 200
 """Scale decisions kept for ``GET /autoscaler/scale_history`` (newest first)."""
-
-TERMINAL_REQUEST_STATUSES = frozenset({"ACTIVE", "PARTIAL", "FAILED", "CANCELLED", "COMPLETED"})
-"""Scale-request statuses after which the request does nothing more (DESIGN 4)."""
-
-FAILED_REQUEST_STATUSES = frozenset({"FAILED", "CANCELLED"})
-"""Terminal statuses that count as "not accepted" for the policy: the pool did not change as asked."""
-
-NOT_LIVE_STATES = frozenset({"DRAINING", "REMOVED", "FAILED"})
-"""Engine states that do not count towards the pool size: they are leaving or gone. PENDING and starting
-engines *do* count, so a scale-out in progress is not scaled out again."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -90,69 +92,26 @@ engines *do* count, so a scale-out in progress is not scaled out again."""
 
 @runtime_checkable
 class AutoscalerBackend(Protocol):
-    """What the service needs from the RolloutManager (the manager actor implements exactly these).
+    """What the service needs from the RolloutManager: ``ManagerClient`` (and ``LocalRollout``) implement it.
 
-    ``engine_urls`` answers a plain ``{engine_id: url}`` of ACTIVE engines; the others answer envelopes.
-    ``scale_out`` / ``scale_in`` take the same bodies as ``POST /rollout/scale_out|scale_in``.
+    Plain results, typed errors. ``engine_urls`` answers ``{engine_id: url}`` of ACTIVE engines;
+    ``relax_status`` the manager's status dict (``current_engines``, ``engines_by_state``,
+    ``initial_engines``, ``scale_request_running``, the RL signals); ``scale_out`` / ``scale_in`` either
+    ``{"request_id", "status"}`` (accepted) or ``{"status": "NOOP", "message", ...}`` (nothing to do);
+    ``get_scale_request`` the request record (``status``, ``error``...). A rule refusal raises a
+    ``ScalingError`` subclass (``ScaleConflict``, ``RejectedRequest``, ``UnknownRequest``...); a manager that
+    cannot be asked raises anything else (``ManagerCallError`` from the client).
     """
 
     def engine_urls(self) -> Awaitable[dict[str, str]]: ...
 
-    def relax_status(self) -> Awaitable[Envelope]: ...
+    def relax_status(self) -> Awaitable[dict[str, Any]]: ...
 
-    def scale_out(self, body: dict[str, Any]) -> Awaitable[Envelope]: ...
+    def scale_out(self, spec: ScaleOutSpec) -> Awaitable[dict[str, Any]]: ...
 
-    def scale_in(self, body: dict[str, Any]) -> Awaitable[Envelope]: ...
+    def scale_in(self, spec: ScaleInSpec) -> Awaitable[dict[str, Any]]: ...
 
-    def get_scale_request(self, direction: str, request_id: str) -> Awaitable[Envelope]: ...
-
-
-class RayManagerBackend:
-    """``AutoscalerBackend`` over a RolloutManager actor handle: ``await handle.<method>.remote(...)``.
-
-    Each call is bounded by ``call_timeout_s`` so a stuck actor costs the autoscaler one failed cycle
-    (recorded in ``health()``) instead of hanging the loop. Remote exceptions propagate; the service records
-    them.
-    """
-
-    def __init__(self, handle: Any, *, call_timeout_s: float = 30.0) -> None:
-        if call_timeout_s <= 0:
-            raise ValueError(f"call_timeout_s must be positive, got {call_timeout_s}")
-        self._handle = handle
-        self._timeout = call_timeout_s
-
-    async def _call(self, method: str, *args: Any) -> Any:
-        ref = getattr(self._handle, method).remote(*args)
-        return await asyncio.wait_for(_await(ref), timeout=self._timeout)
-
-    async def engine_urls(self) -> dict[str, str]:
-        return await self._call("engine_urls")
-
-    async def relax_status(self) -> Envelope:
-        return await self._call("relax_status")
-
-    async def scale_out(self, body: dict[str, Any]) -> Envelope:
-        return await self._call("scale_out", body)
-
-    async def scale_in(self, body: dict[str, Any]) -> Envelope:
-        return await self._call("scale_in", body)
-
-    async def get_scale_request(self, direction: str, request_id: str) -> Envelope:
-        return await self._call("get_scale_request", direction, request_id)
-
-
-async def _await(ref: Any) -> Any:
-    return await ref
-
-
-def _unwrap(value: Any, method: str) -> tuple[int, Any]:
-    """``(status, body)`` of an envelope; anything else is a backend bug and raises (recorded as an error)."""
-    if isinstance(value, Mapping) and set(value) == {"http_status", "body"}:
-        status = value["http_status"]
-        if isinstance(status, int) and not isinstance(status, bool):
-            return status, value["body"]
-    shown = repr(value)
-    raise TypeError(f"{method} answered a malformed envelope: {shown[:200]}")
+    def get_scale_request(self, direction: str, request_id: str) -> Awaitable[dict[str, Any]]: ...
 
 
 # --------------------------------------------------------------------------------------------------
@@ -162,10 +121,10 @@ def _unwrap(value: Any, method: str) -> tuple[int, Any]:
 def strict_json(value: Any) -> Any:
     """``value`` made strictly JSON-safe: no NaN or infinity (``json_number``), enums as their values,
     tuples and sets as lists, mapping keys as strings. The HTTP layer refuses NaN, and so do many clients."""
+    if isinstance(value, Enum):  # before str and int: a StrEnum is sent as its plain value
+        return strict_json(value.value)
     if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
         return value
-    if isinstance(value, Enum):
-        return strict_json(value.value)
     if isinstance(value, float):
         return json_number(value)
     if isinstance(value, Mapping):
@@ -212,7 +171,12 @@ def config_error_field(partial: Any, message: str) -> str | None:
 
 @dataclass
 class ScaleRecord:
-    """One decision that acted: what was asked, why, on which numbers, and what became of it."""
+    """One decision that acted: what was asked, why, on which numbers, and what became of it.
+
+    ``outcome`` is an :class:`Outcome` or the request's own terminal status; ``error`` names what refused a
+    decision (the scaling error's type, e.g. ``ScaleConflict``, or the exception of a manager that could not
+    be asked) and ``detail`` says it in words.
+    """
 
     time: float
     wall_time: float
@@ -224,8 +188,8 @@ class ScaleRecord:
     conditions: dict[str, Any]
     request_id: str | None = None
     accepted: bool = False
-    outcome: str = "PENDING"
-    http_status: int | None = None
+    outcome: str = Outcome.PENDING
+    error: str | None = None
     detail: str | None = None
     finished_at: float | None = None
 
@@ -241,7 +205,7 @@ class ScaleRecord:
                 "request_id": self.request_id,
                 "accepted": self.accepted,
                 "outcome": self.outcome,
-                "http_status": self.http_status,
+                "error": self.error,
                 "detail": self.detail,
                 "finished_at": self.finished_at,
                 "metrics": self.metrics,
@@ -258,7 +222,7 @@ class PendingRequest:
     request_id: str
     since: float
     record: ScaleRecord
-    status: str = "PENDING"
+    status: str = Outcome.PENDING
     polls: int = field(default=0)
 
     @property
@@ -444,9 +408,7 @@ class AutoscalerService:
         the RL signals (unknown, which never triggers anything).
         """
         try:
-            status, body = _unwrap(await self.backend.relax_status(), "relax_status")
-            if status != 200 or not isinstance(body, Mapping):
-                raise RuntimeError(f"relax_status answered HTTP {status}: {_detail(body)}")
+            body = _status_dict(await self.backend.relax_status())
         except Exception as exc:
             self._error("relax_status", exc)
             return {}
@@ -457,17 +419,16 @@ class AutoscalerService:
         }
 
     async def _pool_facts(self) -> _PoolFacts:
-        status, body = _unwrap(await self.backend.relax_status(), "relax_status")
-        if status != 200 or not isinstance(body, Mapping):
-            raise RuntimeError(f"relax_status answered HTTP {status}: {_detail(body)}")
+        """The pool as the scaling rules count it: ``current_engines`` is the number an absolute target is
+        compared with (``relax.rollout.scaling.current_engine_count``), never recounted here."""
+        body = _status_dict(await self.backend.relax_status())
         raw = body.get("engines_by_state") or {}
         by_state = {str(k): int(v) for k, v in raw.items() if isinstance(v, int) and not isinstance(v, bool)}
-        current = sum(n for state, n in by_state.items() if state not in NOT_LIVE_STATES)
-        initial = body.get("initial_engines")
-        if not isinstance(initial, int) or isinstance(initial, bool) or initial < 0:
-            raise RuntimeError(f"relax_status has no usable initial_engines ({initial!r})")
+        current = _count(body, "current_engines")
+        initial = _count(body, "initial_engines")
         running = body.get("scale_request_running")
-        return _PoolFacts(by_state, current, by_state.get("ACTIVE", 0), initial, str(running) if running else None)
+        active = by_state.get(EngineState.ACTIVE.value, 0)
+        return _PoolFacts(by_state, current, active, initial, str(running) if running else None)
 
     async def evaluate_once(self) -> Decision | None:
         """Ask the policy for a decision on the latest frame and a fresh pool view, and act on it.
@@ -495,14 +456,13 @@ class AutoscalerService:
         return decision
 
     async def _act(self, decision: Decision, view: PoolView) -> None:
-        """Send the decision through the scaling API and record it; refusals back off (``record_action``)."""
+        """Send the decision through the scaling API and record it; refusals back off (``record_action``).
+
+        A ``ScalingError`` is the rules' refusal (another request running, a target the rules forbid); any
+        other exception means the manager could not be asked, which is a refusal too (backed off, not retried
+        every cycle) and an error in ``health()``.
+        """
         action, target = decision.action, int(decision.target or 0)
-        if action is ScaleAction.SCALE_OUT:
-            body = {"num_replicas": target, "timeout_secs": self._config.scale_out_request_timeout_secs}
-            call = self.backend.scale_out
-        else:
-            body = {"num_replicas": target}
-            call = self.backend.scale_in
         now = self._clock()
         record = ScaleRecord(
             time=now,
@@ -514,24 +474,35 @@ class AutoscalerService:
             metrics=strict_json(decision.metrics),
             conditions=_drivers(decision),
         )
+        answer: Any = None
         try:
-            status, answer = _unwrap(await call(body), action.value)
+            if action is ScaleAction.SCALE_OUT:
+                spec = ScaleOutSpec(num_replicas=target, timeout_secs=self._config.scale_out_request_timeout_secs)
+                answer = await self.backend.scale_out(spec)
+            else:
+                answer = await self.backend.scale_in(ScaleInSpec(num_replicas=target))
+        except ScalingError as exc:  # the rules said no: a refusal, not a fault
+            record.error, record.detail = type(exc).__name__, _refusal(exc)
         except Exception as exc:  # an unreachable manager is a refusal, not a crash
-            status, answer = None, {"detail": f"{type(exc).__name__}: {exc}"}
+            record.error, record.detail = type(exc).__name__, _exception_text(exc)
             self._error(action.value, exc)
-        request_id = answer.get("request_id") if status == 200 and isinstance(answer, Mapping) else None
+        request_id = answer.get("request_id") if isinstance(answer, Mapping) else None
         accepted = isinstance(request_id, str) and bool(request_id)
         self.policy.record_action(action, accepted)
-        record.http_status = status
         record.accepted = accepted
         if accepted:
             record.request_id = request_id
-            record.outcome = str(answer.get("status") or "PENDING")
+            record.outcome = str(answer.get("status") or Outcome.PENDING)
             self._pending = PendingRequest(action, request_id, now, record, status=record.outcome)
         else:
-            noop = status == 200 and isinstance(answer, Mapping) and answer.get("status") == "NOOP"
-            record.outcome = "NOOP" if noop else "REJECTED"
-            record.detail = _detail(answer)
+            noop = isinstance(answer, Mapping) and answer.get("status") == Outcome.NOOP
+            record.outcome = Outcome.NOOP if noop else Outcome.REJECTED
+            if answer is not None:  # answered, but started nothing
+                record.detail = _answer_text(answer)
+                if not noop:  # neither a request id nor NOOP: a backend bug
+                    bug = TypeError(f"{action.value} answered {record.detail}, expected a request id or NOOP")
+                    record.error = type(bug).__name__
+                    self._error(action.value, bug)
             record.finished_at = now
         self._scale_history.append(record)
         self._actions += 1
@@ -541,12 +512,12 @@ class AutoscalerService:
             )
         else:
             log.info(
-                "autoscaler %s %d -> %d %s (HTTP %s: %s): %s",
+                "autoscaler %s %d -> %d %s (%s: %s): %s",
                 action.value,
                 record.from_engines,
                 target,
                 record.outcome,
-                status,
+                record.error or "no change",
                 record.detail,
                 decision.reason,
             )
@@ -560,22 +531,21 @@ class AutoscalerService:
         if pending is None:
             return None
         try:
-            status, body = _unwrap(
-                await self.backend.get_scale_request(pending.direction, pending.request_id), "get_scale_request"
-            )
+            body = await self.backend.get_scale_request(pending.direction, pending.request_id)
+        except UnknownRequest as exc:  # garbage-collected or lost with a restarted manager: not running any more
+            pending.polls += 1
+            self._finish(pending, Outcome.UNKNOWN, f"request record gone: {exc.message}")
+            return None
         except Exception as exc:  # keep it pending: no decision while we do not know
             self._error("poll", exc)
             return pending
         pending.polls += 1
-        if status == 404:  # garbage-collected or lost with a restarted manager: it is not running any more
-            self._finish(pending, "UNKNOWN", f"request record gone: {_detail(body)}")
-            return None
-        if status != 200 or not isinstance(body, Mapping):
-            self._error("poll", RuntimeError(f"get_scale_request answered HTTP {status}: {_detail(body)}"))
+        if not isinstance(body, Mapping):
+            self._error("poll", TypeError(f"get_scale_request answered {_answer_text(body)}, expected a record"))
             return pending
         state = str(body.get("status") or pending.status)
         pending.status = pending.record.outcome = state
-        if state in TERMINAL_REQUEST_STATUSES:
+        if state in TERMINAL_STATUSES:
             error = body.get("error")
             self._finish(pending, state, str(error) if error else None)
             return None
@@ -587,7 +557,7 @@ class AutoscalerService:
         record.detail = detail
         record.finished_at = self._clock()
         self._pending = None
-        if outcome in FAILED_REQUEST_STATUSES:
+        if outcome in FAILED_STATUSES:
             self.policy.record_action(pending.action, accepted=False)
         log.info(
             "autoscaler %s request %s ended %s after %.1fs%s",
@@ -722,11 +692,7 @@ class AutoscalerService:
                 "action": decision.action.value if decision else None,
                 "target": decision.target if decision else None,
                 "reason": decision.reason if decision else "not evaluated yet",
-                "rules": {
-                    "scale_out": {"mode": "ANY", "conditions": list(SCALE_OUT_CONDITIONS)},
-                    "scale_in": {"mode": "ALL", "conditions": list(SCALE_IN_CONDITIONS)},
-                    "gate": {"mode": "suppresses scale-out", "conditions": [STALENESS_GATE]},
-                },
+                "rules": rules_summary(),
                 "conditions": self.policy.conditions(),
                 "blockers": self._blockers(self._clock()),
             }
@@ -841,10 +807,40 @@ class AutoscalerService:
         self._consecutive_errors = 0
 
 
-def _detail(body: Any) -> str:
-    if isinstance(body, Mapping) and "detail" in body:
-        return str(body["detail"])
-    return str(body)[:300]
+def _status_dict(body: Any) -> Mapping[str, Any]:
+    """``relax_status``'s answer, which must be a mapping (anything else is a backend bug: an error)."""
+    if not isinstance(body, Mapping):
+        raise TypeError(f"relax_status answered {_answer_text(body)}, expected a mapping")
+    return body
+
+
+def _count(body: Mapping[str, Any], key: str) -> int:
+    """A non-negative engine count from ``relax_status``; a missing or broken one is an error, never a guess."""
+    value = body.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise RuntimeError(f"relax_status has no usable {key} ({value!r})")
+    return value
+
+
+def _refusal(exc: ScalingError) -> str:
+    """A refusal in words: the rule's message (a conflict's names the request that runs)."""
+    message = exc.message or str(exc)
+    if isinstance(exc, ScaleConflict) and exc.running_request_id not in message:
+        message = f"{message} (running: {exc.running_request_id})"
+    return message[:300]
+
+
+def _exception_text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def _answer_text(answer: Any) -> str:
+    """An answer in words for a record: its message or detail when it has one, else its start."""
+    if isinstance(answer, Mapping):
+        for key in ("message", "detail"):
+            if answer.get(key):
+                return str(answer[key])[:300]
+    return str(answer)[:300]
 
 
 def _decision_summary(decision: Decision | None) -> dict[str, Any] | None:
@@ -871,8 +867,9 @@ def _drivers(decision: Decision) -> dict[str, Any]:
 def start_autoscaler(config: AutoscalerConfig, backend: AutoscalerBackend, **kwargs: Any) -> AutoscalerService:
     """Create the service and start its loop as a task in the running event loop (the control plane's).
 
-    ``kwargs`` go to ``AutoscalerService`` (``clock``, ``scrape_timeout``, ``engine_token``...). Call
-    ``await service.stop()`` on shutdown.
+    ``backend`` is a ``relax.rollout.manager_client.ManagerClient`` over the RolloutManager actor (see
+    ``relax.autoscaler.mount``) or an in-process double. ``kwargs`` go to ``AutoscalerService`` (``clock``,
+    ``scrape_timeout``, ``engine_token``...). Call ``await service.stop()`` on shutdown.
     """
     service = AutoscalerService(config, backend, **kwargs)
     service.start()

@@ -1,7 +1,7 @@
 """``relax cluster up|down|status``: a detached local elastic Ray cluster for trying Relax on one machine.
 
 ``up`` starts a head with the stable node-group markers and an autoscaler that adds fake ``elastic`` nodes
-(see ``relax.testing.elastic_cluster``), writes a state file (pids, address, dashboard URL) and prints shell
+(see ``relax.cluster.local_elastic``), writes a state file (pids, address, dashboard URL) and prints shell
 exports, so ``eval "$(relax cluster up)"`` points ``ray job submit`` and drivers at it. ``down`` stops exactly
 what ``up`` started, found through that state file, never ``ray stop`` (which kills every Ray on the machine).
 
@@ -78,7 +78,7 @@ def _state_path(args: argparse.Namespace) -> Path:
 
 def _load(path: Path) -> Any | None:
     """The recorded cluster, or None when there is no state file."""
-    from relax.testing.elastic_cluster import ClusterInfo
+    from relax.cluster.local_elastic import ClusterInfo
 
     if not path.is_file():
         return None
@@ -99,7 +99,7 @@ def _setup_logging() -> None:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from relax.testing.elastic_cluster import (
+    from relax.cluster.local_elastic import (
         ElasticCluster,
         ElasticClusterConfig,
         ElasticClusterError,
@@ -145,7 +145,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from relax.testing.elastic_cluster import ElasticCluster, read_status
+    from relax.cluster.local_elastic import ElasticCluster, read_status
 
     path = _state_path(args)
     info = _load(path)
@@ -171,7 +171,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
-    from relax.testing.elastic_cluster import ElasticClusterError, stop_cluster
+    from relax.cluster.local_elastic import ElasticClusterError, stop_cluster
 
     _setup_logging()
     path = _state_path(args)

@@ -2,7 +2,7 @@
 
 The embedded cluster is sized from the plan: logical GPUs for the trainer, the initial engines and
 the elastic headroom, and the node-group marker resources when the plan asks for them, so the same
-plan that runs on a real cluster runs on a laptop (DESIGN 1, 11).
+plan that runs on a real cluster runs on a laptop (docs/architecture.md, "Placement and eviction").
 """
 
 from __future__ import annotations

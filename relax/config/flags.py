@@ -1,4 +1,4 @@
-"""Command-line flags of ``python -m relax.entrypoints.train`` (DESIGN section 9).
+"""Command-line flags of ``python -m relax.entrypoints.train`` (docs/training.md, "Flags").
 
 Flag names follow Relax/slime so the recipe's run script parses unchanged. Parsing is pure: no Ray,
 no file access; cross-flag resource checks live in ``relax.config.plan``. Every user-input error is a

@@ -1,8 +1,8 @@
 """The resource plan: who gets which GPUs, which placement-group bundles, how big a step is.
 
-Pure on purpose (DESIGN section 2): ``build_plan`` takes the parsed flags, the environment as a
-mapping and the autoscaler bounds as an object, and returns a frozen ``Plan``; it touches no files,
-no Ray, no ``os.environ``. The driver checks the plan against ``ray.cluster_resources()`` with
+Pure on purpose (docs/architecture.md, "Where decisions live"): ``build_plan`` takes the parsed flags,
+the environment as a mapping and the autoscaler bounds as an object, and returns a frozen ``Plan``; it
+touches no files, no Ray, no ``os.environ``. The driver checks the plan against ``ray.cluster_resources()`` with
 ``validate_plan_against_cluster`` *before* it creates anything, and ``--dry-run`` prints
 ``format_plan``. The only impure helpers are ``load_autoscaler_bounds`` (reads the YAML),
 ``plan_from_args`` (loads it, then builds) and ``validate_paths`` (file existence, injectable).
@@ -150,7 +150,7 @@ class Plan:
 
     @property
     def max_waiting_partitions(self) -> int:
-        """Rollout steps that may wait for the trainer at once (DESIGN section 8)."""
+        """Rollout steps that may wait for the trainer at once (docs/architecture.md, "Weights and staleness")."""
         return self.max_staleness + 1
 
     @property
@@ -292,7 +292,10 @@ def _yaml_int(data: Mapping[str, object], key: str, default: int, flag: str) -> 
 def check_engine_bounds(
     bounds: AutoscalerBoundsLike, initial_engines: int, source: str | None = None
 ) -> tuple[str, ...]:
-    """DESIGN 6 startup check: 1 <= min_engines <= initial <= max_engines. Returns notes."""
+    """Startup check: 1 <= min_engines <= initial <= max_engines. Returns notes.
+
+    (docs/architecture.md, "Placement and eviction".)
+    """
     where = f"--autoscaler-config {source}" if source else "autoscaler config"
     low, high = bounds.min_engines, bounds.max_engines
     if low < 1:

@@ -1,4 +1,6 @@
-"""The staleness gate of fully-async GRPO (DESIGN section 8) and the blocked-time signal it produces.
+"""The staleness gate of fully-async GRPO and the blocked-time signal it produces.
+
+(docs/architecture.md, "Weights and staleness".)
 
 Rollout runs ahead of training. Two rules bound how far:
 

@@ -1,4 +1,4 @@
-"""EngineActor: one Ray actor per inference engine, owning that engine's server process (DESIGN 2, 3, 6).
+"""EngineActor: one Ray actor per inference engine, owning that engine's server process.
 
 The actor is deliberately thin. It picks a port on its node, builds the backend's :class:`LaunchSpec`,
 starts the server through the shared :class:`ServerProcess`, waits for health and reports where the
@@ -9,7 +9,8 @@ Threading model: the actor runs with ``max_concurrency > 1`` so that ``is_alive`
 while a slow ``start`` is waiting for health (a scale-out cancel must be able to stop a starting engine).
 Its ``__init__`` runs on the worker's main thread, which is where the SIGTERM hook must be installed.
 
-Eviction hook (DESIGN 6). When the platform SIGTERMs the actor (node reclaimed, pod evicted):
+Eviction hook (docs/architecture.md, "Placement and eviction"). When the platform SIGTERMs the actor
+(node reclaimed, pod evicted):
 
 * with an ``on_eviction`` callback: the actor records the eviction time, calls the callback with its
   engine id from a helper thread (never from inside the signal handler) and keeps serving, so in-flight
@@ -266,7 +267,9 @@ class EngineActor:
     # -- queries ----------------------------------------------------------------------------------
 
     def sync_weights(self, version: int, bucket_refs: list[Any]) -> dict[str, Any]:
-        """Pull weight version `version` from the object store and load it into the server (DESIGN 7).
+        """Pull weight version `version` from the object store and load it into the server.
+
+        (docs/architecture.md, "Weights and staleness".)
 
         The buckets are written as safetensors under local shared memory on this node and loaded with
         `/update_weights_from_disk`: one path for SGLang and the built-in engine, and an engine that

@@ -1,4 +1,4 @@
-"""Async HTTP client of the engine contract (SGLang's native API, DESIGN 3.1).
+"""Async HTTP client of the engine contract (SGLang's native API; docs/architecture.md, "Engines").
 
 One client talks to one engine. The same client serves a real SGLang server and Relax's built-in engine,
 because both speak the same endpoints and JSON shapes.

@@ -3,7 +3,7 @@
 Functional core, imperative shell: a backend's command builder is a pure function that returns a
 :class:`LaunchSpec` (argv, env, address, health path, log path); :class:`ServerProcess` is the only code
 that touches processes. Because SGLang cannot run on the development machines, the tests drive this very
-code path with the built-in engine's spec, which keeps the SGLang launch path honest (DESIGN 3.1).
+code path with the built-in engine's spec, which keeps the SGLang launch path honest (docs/architecture.md, "Engines").
 """
 
 from __future__ import annotations

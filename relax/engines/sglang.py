@@ -1,6 +1,6 @@
 """The SGLang backend's launch command (``python -m sglang.launch_server``).
 
-SGLang is never imported here (it needs CUDA and is an optional runtime dependency, DESIGN 10); Relax
+SGLang is never imported here (it needs CUDA and is an optional runtime dependency); Relax
 only builds its command line and then drives it with the shared launcher, exactly like the built-in
 engine. Flag names follow SGLang's ``ServerArgs`` (field ``tp_size`` -> ``--tp-size`` and so on).
 """

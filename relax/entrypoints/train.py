@@ -1,4 +1,6 @@
-"""The driver: `python -m relax.entrypoints.train [flags]` — fully-asynchronous GRPO on Ray (DESIGN 2, 8).
+"""The driver: `python -m relax.entrypoints.train [flags]` — fully-asynchronous GRPO on Ray.
+
+(docs/architecture.md, "Processes and actors".)
 
 flags → plan → Ray (cluster or embedded) → placement groups → RolloutManager + trainer group →
 loop: take rollout step k from the buffer, train, publish weights k+1 → evaluation, checkpoints,
@@ -193,7 +195,7 @@ class Driver:
         return 0
 
     def _autoscaler_factory(self) -> Any:
-        """Built inside the control-plane actor: the autoscaler runs beside the REST API (DESIGN 2)."""
+        """Built inside the control-plane actor: the autoscaler runs beside the REST API."""
         config = self.autoscaler_config
         if config is None or not config.enabled:
             return None

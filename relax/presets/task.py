@@ -3,7 +3,7 @@
 Why this task: a ~100 k-parameter model learns the 100 facts of the addition table in seconds
 on one CPU thread, responses are four or five tokens, and the reward is exact and cheap. That
 makes it the smallest task on which GRPO *visibly* learns within a few CPU minutes, which is what
-the learning test and ``make demo`` need (DESIGN.md section 11).
+the learning test and ``make demo`` need.
 
 Everything here is pure and seeded: the same seed gives the same problems and splits, which is
 part of what keeps the preset byte-identical between builds.

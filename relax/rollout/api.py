@@ -1,17 +1,16 @@
-"""The control plane's HTTP routes: ``/rollout/*`` (DESIGN 4), ``/metrics``, ``/health``, and the autoscaler mount.
+"""The control plane's HTTP routes: ``/rollout/*``, ``/metrics``, ``/health``, and the autoscaler mount.
 
 Routes are deliberately thin. Each one validates what the client sent with the strict pydantic bodies of
 :mod:`relax.rollout.api_models` (so a malformed request is a 4xx naming the field and never reaches the
-backend), makes one call on the *backend*, and answers the HTTP status and body the backend chose. All
-rules (absolute targets, the initial-engine floor, one operation at a time, sticky cancel) live behind the
-backend, in :mod:`relax.rollout.scaling`, where the autoscaler reaches them by the same entry points.
+backend), turns the body into the scaling core's spec, makes one call on the *backend* and answers its
+result. All rules (absolute targets, the initial-engine floor, one operation at a time, sticky cancel) live
+behind the backend, in :mod:`relax.rollout.scaling` and :mod:`relax.rollout.executor`, where the autoscaler
+reaches them through the same methods (docs/architecture.md, "Scale requests").
 
-The backend is any object with the async methods of :class:`RolloutBackend`; each returns an *envelope*
-``{"http_status": int, "body": <JSON-able>}``. The envelope is what lets a status code cross the Ray
-boundary from the RolloutManager actor without exception plumbing; :class:`~relax.rollout.control_plane.
-RayBackend` adapts an actor handle, and an in-process object (tests, the simulator) can implement the same
-methods directly. A backend may also raise :class:`~relax.rollout.api_models.RequestError`; it is answered
-with its own status.
+The backend is any object with the async methods of :class:`RolloutBackend`: the
+:class:`~relax.rollout.manager_client.ManagerClient` of a run, or an in-process
+``relax.testing.local_rollout.LocalRollout``. It returns plain values and raises typed errors; this module
+is the only place where an error becomes an HTTP status code (:func:`status_of`).
 """
 
 from __future__ import annotations
@@ -33,7 +32,6 @@ from relax.rollout.api_models import (
     CancelBatchResponse,
     EnginesResponse,
     ErrorResponse,
-    RequestError,
     ScaleAccepted,
     ScaleInBody,
     ScaleInDryRun,
@@ -43,78 +41,60 @@ from relax.rollout.api_models import (
     ScaleOutRequestView,
     _error_items,
     describe_validation_error,
+    http_status_of,
 )
 from relax.rollout.events import EventKind
+from relax.rollout.manager_client import ManagerInternalError, ManagerTimeout, ManagerUnavailable
 from relax.rollout.relax_metrics import CONTENT_TYPE, render_metrics
+from relax.rollout.scaling import ScaleInSpec, ScaleOutSpec
 
 log = logging.getLogger("relax.api")
 
-__all__ = [
-    "Envelope",
-    "RolloutBackend",
-    "create_app",
-    "envelope",
-    "error_envelope",
-    "unwrap_envelope",
-]
-
-Envelope = dict[str, Any]
-"""``{"http_status": int, "body": <JSON-able>}``: a backend's answer, status included."""
+__all__ = ["RolloutBackend", "create_app", "status_of"]
 
 OPEN_PATHS = frozenset({"/health"})
 """Paths served without a token: a load balancer or liveness probe must not need the secret."""
 
 MAX_EVENTS_LIMIT = 10_000
 
-
-def envelope(http_status: int, body: Any) -> Envelope:
-    """Build a backend answer (same argument order as the RolloutManager's helper in ``rollout.elastic``)."""
-    return {"http_status": int(http_status), "body": body}
+_CALL_ERRORS: dict[type[BaseException], int] = {ManagerUnavailable: 503, ManagerTimeout: 504,
+                                                ManagerInternalError: 500}
 
 
-def error_envelope(error: RequestError) -> Envelope:
-    """A :class:`RequestError` as an envelope: its HTTP status and ``{"detail", "field", ...}`` body."""
-    return envelope(error.http_status, error.to_dict())
-
-
-def unwrap_envelope(value: Any) -> tuple[int, Any]:
-    """``(status, body)`` from an envelope; a malformed one is a backend bug and becomes a 500.
-
-    Checked rather than trusted because the backend lives in another process, possibly on another version
-    of Relax: answering its garbage as a 200 would hide the bug from the operator.
-    """
-    if isinstance(value, Mapping) and set(value) == {"http_status", "body"}:
-        status = value["http_status"]
-        if isinstance(status, int) and not isinstance(status, bool) and 100 <= status <= 599:
-            return status, value["body"]
-    shown = repr(value)
-    shown = shown if len(shown) <= 200 else shown[:197] + "..."
-    return 500, {"detail": f"internal error: the rollout backend answered a malformed envelope: {shown}"}
+def status_of(error: BaseException) -> int | None:
+    """The HTTP status for an error a backend raised; ``None`` for an unexpected one (a bug: 500)."""
+    status = http_status_of(error)
+    if status is not None:
+        return status
+    for kind, code in _CALL_ERRORS.items():
+        if isinstance(error, kind):
+            return code
+    return None
 
 
 @runtime_checkable
 class RolloutBackend(Protocol):
-    """What the routes call; every method answers an :data:`Envelope` (see the module docstring)."""
+    """What the routes call: the rollout manager's control API (see ``rollout.control``)."""
 
-    def engines_view(self, model_name: str | None) -> Awaitable[Envelope]: ...
+    def engines_view(self, model_name: str | None) -> Awaitable[dict[str, Any]]: ...
 
-    def scale_out(self, body: dict[str, Any]) -> Awaitable[Envelope]: ...
+    def scale_out(self, spec: ScaleOutSpec) -> Awaitable[dict[str, Any]]: ...
 
-    def scale_in(self, body: dict[str, Any]) -> Awaitable[Envelope]: ...
+    def scale_in(self, spec: ScaleInSpec) -> Awaitable[dict[str, Any]]: ...
 
     def list_scale_requests(
         self, direction: str, status: str | None, model_name: str | None
-    ) -> Awaitable[Envelope]: ...
+    ) -> Awaitable[list[dict[str, Any]]]: ...
 
-    def get_scale_request(self, direction: str, request_id: str) -> Awaitable[Envelope]: ...
+    def get_scale_request(self, direction: str, request_id: str) -> Awaitable[dict[str, Any]]: ...
 
-    def cancel_scale_out(self, request_id: str) -> Awaitable[Envelope]: ...
+    def cancel_scale_out(self, request_id: str) -> Awaitable[dict[str, Any]]: ...
 
-    def cancel_scale_out_batch(self, body: dict[str, Any]) -> Awaitable[Envelope]: ...
+    def cancel_scale_out_batch(self, status_filter: list[str] | None, dry_run: bool) -> Awaitable[dict[str, Any]]: ...
 
-    def events(self, limit: int, kind: str | None) -> Awaitable[Envelope]: ...
+    def events(self, limit: int, kind: str | None) -> Awaitable[dict[str, Any]]: ...
 
-    def relax_status(self) -> Awaitable[Envelope]: ...
+    def relax_status(self) -> Awaitable[dict[str, Any]]: ...
 
 
 class EventView(BaseModel):
@@ -141,15 +121,16 @@ class EventsResponse(BaseModel):
 
 
 async def _answer(call: Awaitable[Any]) -> JSONResponse:
-    """Await one backend call and turn its envelope (or its RequestError) into the HTTP answer."""
+    """Await one backend call; its result is the 200 body, an error it raises is answered by its status."""
     try:
-        status, body = unwrap_envelope(await call)
-    except RequestError as exc:
-        status, body = exc.http_status, exc.to_dict()
-    except Exception as exc:  # a bug behind the backend: say so in JSON instead of a bare 500 page
-        log.exception("rollout backend call failed")
-        status, body = 500, {"detail": f"internal error: {type(exc).__name__}: {exc}"}
-    return JSONResponse(body, status_code=status)
+        return JSONResponse(await call, status_code=200)
+    except Exception as exc:
+        status = status_of(exc)
+        if status is None:  # a bug behind the backend: say so in JSON instead of a bare 500 page
+            log.exception("rollout backend call failed")
+            return JSONResponse({"detail": f"internal error: {type(exc).__name__}: {exc}"}, status_code=500)
+        body = exc.to_dict() if callable(getattr(exc, "to_dict", None)) else {"detail": str(exc), "field": None}
+        return JSONResponse(body, status_code=status)
 
 
 _ERROR_DESCRIPTIONS = {
@@ -160,6 +141,7 @@ _ERROR_DESCRIPTIONS = {
     415: "the body is not JSON",
     422: "the body does not have the contract's shape (wrong type, unknown field, bad URL...)",
     503: "the rollout manager is not reachable",
+    504: "the rollout manager did not answer in time",
 }
 
 
@@ -287,7 +269,7 @@ def _rollout_router(backend: RolloutBackend) -> APIRouter:
 
     @router.get("/engines", response_model=EnginesResponse, responses=_error_responses(401, 404, 503))
     async def engines(model_name: ModelFilter = None) -> JSONResponse:
-        """Engines of the pool with their lifecycle status (DESIGN 3.4); removed and failed ones are hidden."""
+        """Engines of the pool with their lifecycle status; removed and failed ones are hidden."""
         return await _answer(backend.engines_view(model_name))
 
     @router.post(
@@ -297,7 +279,7 @@ def _rollout_router(backend: RolloutBackend) -> APIRouter:
     )
     async def scale_out(body: ScaleOutBody) -> JSONResponse:
         """Grow the pool to ``num_replicas`` engines in total (an absolute target), or attach ``engine_urls``."""
-        return await _answer(backend.scale_out(body.model_dump(mode="json")))
+        return await _answer(backend.scale_out(body.to_spec()))
 
     @router.get(
         "/scale_out", response_model=list[ScaleOutRequestView], responses=_error_responses(400, 401, 404, 503)
@@ -327,8 +309,8 @@ def _rollout_router(backend: RolloutBackend) -> APIRouter:
     )
     async def cancel_scale_out_batch(body: CancelBody = None) -> JSONResponse:
         """Cancel every running scale-out whose status is in ``status_filter`` (all of them without a body)."""
-        data = body.model_dump(mode="json") if body is not None else {}
-        return await _answer(backend.cancel_scale_out_batch(data))
+        parsed = body if body is not None else CancelBatchBody()
+        return await _answer(backend.cancel_scale_out_batch(parsed.status_filter, parsed.dry_run))
 
     @router.post(
         "/scale_in",
@@ -337,7 +319,7 @@ def _rollout_router(backend: RolloutBackend) -> APIRouter:
     )
     async def scale_in(body: ScaleInBody) -> JSONResponse:
         """Shrink the pool to ``num_replicas`` engines (elastic ones, newest first, after a real drain)."""
-        return await _answer(backend.scale_in(body.model_dump(mode="json")))
+        return await _answer(backend.scale_in(body.to_spec()))
 
     @router.get("/scale_in", response_model=list[ScaleInRequestView], responses=_error_responses(400, 401, 404, 503))
     async def list_scale_in(status: StatusFilter = None, model_name: ModelFilter = None) -> JSONResponse:
@@ -400,15 +382,14 @@ def create_app(backend: RolloutBackend, *, token: str | None, autoscaler: Any | 
     async def metrics() -> Response:
         """Relax's own Prometheus metrics: engines per state, training progress, staleness, scale events."""
         try:
-            status, body = unwrap_envelope(await backend.relax_status())
-        except RequestError as exc:
-            status, body = exc.http_status, exc.to_dict()
+            body = await backend.relax_status()
         except Exception as exc:  # keep the scrape answer a plain-text 503, never a half-written page
-            log.exception("relax_status failed")
-            status, body = 503, {"detail": f"{type(exc).__name__}: {exc}"}
-        if status != 200 or not isinstance(body, Mapping):
-            detail = body.get("detail") if isinstance(body, Mapping) else body
-            return Response(f"# relax status unavailable: {detail}\n", status_code=503, media_type="text/plain")
+            if status_of(exc) is None:
+                log.exception("relax_status failed")
+            return Response(f"# relax status unavailable: {exc}\n", status_code=503, media_type="text/plain")
+        if not isinstance(body, Mapping):
+            return Response(f"# relax status unavailable: not a mapping: {body!r:.200}\n", status_code=503,
+                            media_type="text/plain")
         return Response(render_metrics(body), media_type=CONTENT_TYPE)
 
     if autoscaler is not None:

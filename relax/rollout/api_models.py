@@ -1,19 +1,20 @@
-"""Request and response bodies of the elastic-scaling REST contract (DESIGN 4), and its error vocabulary.
+"""Request and response bodies of the elastic-scaling REST contract, and the mapping of errors to HTTP.
 
-The bodies are strict on purpose: a scale request moves GPUs, so ``"num_replicas": "6"``, ``true``, ``-1``,
-a typo'd field name or an engine URL with a path is rejected with a message naming the field, instead of
-being coerced into something the operator did not ask for. Nothing here knows about Ray, the pool or the
-HTTP server; the rules that need the pool (absolute targets, the initial-engine floor, unknown models) live
-in :mod:`relax.rollout.scaling`, which raises the :class:`RequestError` subclasses defined here.
+(docs/architecture.md, "Scale requests".) The bodies are strict on purpose: a scale request moves GPUs, so
+``"num_replicas": "6"``, ``true``, ``-1``, a typo'd field name or an engine URL with a path is rejected with a
+message naming the field, instead of being coerced into something the operator did not ask for. A valid body
+becomes a spec (:meth:`ScaleOutBody.to_spec`, :meth:`ScaleInBody.to_spec`) for :mod:`relax.rollout.scaling`,
+where the rules that need the pool live (absolute targets, the initial-engine floor, unknown models).
+
+Scaling raises domain errors that know nothing about HTTP; :func:`http_status_of` is *the* mapping from an
+error type to the status a route answers, and :func:`error_body` the JSON it answers with. Nothing here knows
+about Ray, the pool or the HTTP server.
 """
 
 from __future__ import annotations
 
-import ipaddress
-import re
 from collections.abc import Iterable, Mapping
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
-from urllib.parse import urlsplit
 
 from pydantic import (
     AfterValidator,
@@ -28,7 +29,19 @@ from pydantic import (
     field_validator,
 )
 
+from relax.rollout.engine_url import normalize_engine_url
 from relax.rollout.pool import EngineRecord, EngineState
+from relax.rollout.scaling import (
+    DEFAULT_MODEL,
+    NotCancellable,
+    RejectedRequest,
+    ScaleConflict,
+    ScaleInSpec,
+    ScaleOutSpec,
+    ScalingError,
+    UnknownModel,
+    UnknownRequest,
+)
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -49,12 +62,11 @@ __all__ = [
     "ScaleOutBody",
     "ScaleOutRequestView",
     "describe_validation_error",
+    "error_body",
+    "http_status_of",
     "normalize_engine_url",
     "parse_body",
 ]
-
-DEFAULT_MODEL = "default"
-"""The only model a Relax run serves; requests naming another are rejected by :mod:`relax.rollout.scaling`."""
 
 MAX_REPLICAS = 1024
 """Sanity ceiling on ``num_replicas`` and on the number of URLs in one request.
@@ -62,8 +74,6 @@ MAX_REPLICAS = 1024
 Without it, ``num_replicas: 1000000000`` with no autoscaler bound would ask Ray for a billion placement
 groups. The real bound (``max_engines``) is applied by the planner when the autoscaler config is known.
 """
-
-MAX_URL_LENGTH = 2048
 
 
 # -- errors ------------------------------------------------------------------------------------------
@@ -77,10 +87,10 @@ def _rebuild_error(cls: type[RequestError], state: dict[str, Any]) -> RequestErr
 
 
 class RequestError(Exception):
-    """A client error with the HTTP status the route answers and a message that says what to fix.
+    """A REST-layer client error: the HTTP status the route answers and a message that says what to fix.
 
-    Route handlers translate it mechanically (``status_code=err.http_status, content=err.to_dict()``), so
-    no rule is re-implemented in the HTTP layer. ``field`` names the offending body field when there is one.
+    Scaling rule violations are not ``RequestError`` s: they are :class:`~relax.rollout.scaling.ScalingError`
+    s, mapped to a status by :func:`http_status_of`. ``field`` names the offending body field when there is one.
     """
 
     default_status: ClassVar[int] = 400
@@ -112,69 +122,41 @@ class InvalidBody(RequestError):
         return {"detail": self.message, "field": self.field, "errors": self.errors}
 
 
-# -- engine URLs --------------------------------------------------------------------------------------
+_SCALING_STATUS: tuple[tuple[type[ScalingError], int], ...] = (
+    (UnknownModel, 404),
+    (UnknownRequest, 404),
+    (ScaleConflict, 409),
+    (NotCancellable, 400),
+    (RejectedRequest, 400),
+    (ScalingError, 400),
+)
+"""Scaling error type → HTTP status, most specific first."""
 
-_LABEL = r"[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?"
-_HOSTNAME_RE = re.compile(rf"^(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*\.?$")
 
+def http_status_of(error: BaseException) -> int | None:
+    """The HTTP status a route answers for ``error``; ``None`` when it is not a client error (a bug: 500).
 
-def normalize_engine_url(url: str) -> str:
-    """Validate an engine base URL and return its canonical ``scheme://host:port`` form.
-
-    An engine is addressed by its base URL only; Relax appends the SGLang endpoint paths itself, so a path,
-    query or fragment is a mistake (``http://h:30000/generate``) that would later fail in confusing ways.
-    User info is refused because credentials in a URL end up in logs and in ``GET /rollout/engines``. The
-    port must be explicit: SGLang servers never listen on 80/443 by default. Canonical form (lower-case
-    scheme and host, no trailing slash) is what makes "already attached" checks idempotent.
-
-    Raises ``ValueError`` with a message that quotes the URL and says what is wrong.
+    The one mapping from error types to status codes: unknown model or request id 404, another scale
+    operation running 409, any other scaling rule 400, a body of the wrong shape 422, any other
+    :class:`RequestError` its own status.
     """
-    if not isinstance(url, str):
-        raise ValueError(f"engine URL must be a string, got {type(url).__name__}")
-    raw = url.strip()
-    shown = repr(url if len(url) <= 80 else url[:77] + "...")
-    if not raw:
-        raise ValueError("engine URL is empty")
-    if len(raw) > MAX_URL_LENGTH:
-        raise ValueError(f"engine URL {shown} is longer than {MAX_URL_LENGTH} characters")
-    if any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in raw):
-        raise ValueError(f"engine URL {shown} contains whitespace or control characters")
-    try:
-        parts = urlsplit(raw)
-    except ValueError as exc:
-        raise ValueError(f"engine URL {shown} is malformed: {exc}") from None
-    scheme = parts.scheme.lower()
-    if scheme not in ("http", "https"):
-        hint = " (missing 'http://'?)" if not parts.scheme or "//" not in raw else ""
-        raise ValueError(f"engine URL {shown} must use http or https{hint}")
-    if "@" in parts.netloc:
-        raise ValueError(f"engine URL {shown} must not contain user info ('user@')")
-    host = parts.hostname
-    if not host:
-        raise ValueError(f"engine URL {shown} has no host")
-    if parts.path not in ("", "/") or parts.query or parts.fragment or raw.endswith(("?", "#")):
-        raise ValueError(
-            f"engine URL {shown} must be a base URL without path, query or fragment (like http://10.0.0.5:30000)"
-        )
-    try:
-        port = parts.port
-    except ValueError:
-        raise ValueError(f"engine URL {shown} has an invalid port (expected 1-65535)") from None
-    if port is None:
-        raise ValueError(f"engine URL {shown} needs an explicit port (like http://10.0.0.5:30000)")
-    if port == 0:
-        raise ValueError(f"engine URL {shown} has an invalid port 0 (expected 1-65535)")
-    if parts.netloc.startswith("["):
-        try:
-            ipaddress.IPv6Address(host.split("%", 1)[0])
-        except ValueError:
-            raise ValueError(f"engine URL {shown} has an invalid IPv6 host {host!r}") from None
-        host_part = f"[{host}]"
-    else:
-        if not _HOSTNAME_RE.match(host):
-            raise ValueError(f"engine URL {shown} has an invalid host {host!r}")
-        host_part = host
-    return f"{scheme}://{host_part}:{port}"
+    for cls, status in _SCALING_STATUS:
+        if isinstance(error, cls):
+            return status
+    if isinstance(error, RequestError):
+        return error.http_status
+    return None
+
+
+def error_body(error: BaseException) -> dict[str, Any]:
+    """The JSON body a route answers for ``error`` (see :class:`ErrorResponse`)."""
+    to_dict = getattr(error, "to_dict", None)
+    if callable(to_dict):
+        return to_dict()
+    return {"detail": str(error) or type(error).__name__, "field": None}
+
+
+# -- engine URLs (rules in relax.rollout.engine_url) --------------------------------------------------------
 
 
 def _check_url(url: str) -> str:
@@ -231,6 +213,16 @@ class ScaleOutBody(BaseModel):
     def _one_target(cls, urls: list[str], info: ValidationInfo) -> list[str]:
         return _exactly_one_target(urls, info, "scale out")
 
+    def to_spec(self) -> ScaleOutSpec:
+        """The validated values, as the scaling planners take them."""
+        urls = tuple(self.engine_urls)
+        return ScaleOutSpec(
+            num_replicas=None if urls else self.num_replicas,
+            engine_urls=urls,
+            model_name=self.model_name,
+            timeout_secs=self.timeout_secs,
+        )
+
 
 class ScaleInBody(BaseModel):
     """``POST /rollout/scale_in``: shrink the pool to ``num_replicas`` engines, or remove ``engine_urls``.
@@ -253,6 +245,18 @@ class ScaleInBody(BaseModel):
     def _one_target(cls, urls: list[str], info: ValidationInfo) -> list[str]:
         return _exactly_one_target(urls, info, "scale in")
 
+    def to_spec(self) -> ScaleInSpec:
+        """The validated values, as the scaling planners take them."""
+        urls = tuple(self.engine_urls)
+        return ScaleInSpec(
+            num_replicas=None if urls else self.num_replicas,
+            engine_urls=urls,
+            model_name=self.model_name,
+            force=self.force,
+            timeout_secs=self.timeout_secs,
+            dry_run=self.dry_run,
+        )
+
 
 class CancelBatchBody(BaseModel):
     """``POST /rollout/scale_out_cancel``: cancel every running scale-out whose status is in the filter.
@@ -274,8 +278,9 @@ _BODY_MODELS: dict[str, type[BaseModel]] = {m.__name__: m for m in (ScaleOutBody
 def parse_body(model: type[BodyT], data: Any) -> BodyT:
     """Validate ``data`` (a dict, a JSON string or bytes, or an instance) into ``model``.
 
-    Raises :class:`InvalidBody` (422) with :func:`describe_validation_error`'s message. Used by in-process
-    callers such as the autoscaler, so they get the same checks and messages as an HTTP client.
+    Raises :class:`InvalidBody` (422) with :func:`describe_validation_error`'s message. In-process callers
+    that start from JSON-like data use it (then ``to_spec()``) to get the same checks and messages as an
+    HTTP client.
     """
     if isinstance(data, model):
         return data
@@ -548,7 +553,10 @@ class CancelBatchResponse(BaseModel):
 
 
 class EngineView(BaseModel):
-    """One engine in ``GET /rollout/engines``; ``status`` is the lifecycle name (DESIGN 3.4)."""
+    """One engine in ``GET /rollout/engines``; ``status`` is its lifecycle state.
+
+    (docs/architecture.md, "Engine lifecycle".)
+    """
 
     model_config = _RESPONSE
 

@@ -1,4 +1,4 @@
-"""The event history behind ``GET /rollout/events`` (DESIGN 4).
+"""The event history behind ``GET /rollout/events`` (docs/architecture.md, "Scale requests").
 
 Every scale action, engine state change, eviction and failure is appended here, so that an operator can
 answer "what happened to engine_7 at 03:12?" without grepping logs across nodes. The log is bounded
@@ -14,9 +14,11 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from relax.rollout.pool import EngineRecord, EngineState, TransitionListener
+
 Clock = Callable[[], float]
 
-__all__ = ["Event", "EventKind", "EventLog"]
+__all__ = ["SCALE_EVENT_KINDS", "Event", "EventKind", "EventLog", "transition_recorder"]
 
 
 class EventKind(str, Enum):
@@ -25,13 +27,26 @@ class EventKind(str, Enum):
     SCALE_COMPLETED = "scale_completed"
     SCALE_FAILED = "scale_failed"
     SCALE_CANCELLED = "scale_cancelled"
-    ENGINE_STATE = "engine_state"  # a lifecycle transition (DESIGN 3.4)
+    ENGINE_STATE = "engine_state"  # a lifecycle transition (docs/architecture.md, "Engine lifecycle")
     ENGINE_FAILED = "engine_failed"
     ENGINE_EVICTED = "engine_evicted"
     ENGINE_RESTARTED = "engine_restarted"  # an initial engine replaced in its own bundle
     REQUESTS_RETRIED = "requests_retried"  # in-flight requests moved off a failing/draining engine
     WEIGHTS_PUBLISHED = "weights_published"
     AUTOSCALER_DECISION = "autoscaler_decision"
+
+
+SCALE_EVENT_KINDS: tuple[EventKind, ...] = (
+    EventKind.SCALE_OUT_REQUESTED,
+    EventKind.SCALE_IN_REQUESTED,
+    EventKind.SCALE_COMPLETED,
+    EventKind.SCALE_FAILED,
+    EventKind.SCALE_CANCELLED,
+    EventKind.ENGINE_EVICTED,
+    EventKind.ENGINE_FAILED,
+    EventKind.ENGINE_RESTARTED,
+)
+"""The kinds counted by ``relax_scale_events_total``: scale actions, evictions and engine failures."""
 
 
 @dataclass(frozen=True)
@@ -146,3 +161,26 @@ class EventLog:
         """The ``GET /rollout/events`` body."""
         events = self.newest(limit, kind, engine_id=engine_id)
         return {"events": [e.to_dict() for e in events], "total": self.total, "dropped": self.dropped}
+
+
+def transition_recorder(log: EventLog, latest_published: Callable[[], int | None] = lambda: None) -> TransitionListener:
+    """The pool's ``on_transition`` hook: every engine transition becomes one event, in order.
+
+    A move to FAILED is an ``engine_failed`` event carrying the error; a move to ACTIVE says where the engine
+    serves and which weights it holds next to the newest published version (``latest_published``), which
+    is how an operator checks that no engine joined with stale weights.
+    """
+
+    def record(engine: EngineRecord, src: EngineState, dst: EngineState) -> None:
+        if dst is EngineState.FAILED:
+            log.append(EventKind.ENGINE_FAILED, f"FAILED while {src.value}: {engine.last_error or 'unknown error'}",
+                       engine_ids=engine.engine_id, details={"error": engine.last_error, "from": src.value})
+        elif dst is EngineState.ACTIVE:
+            held = engine.weight_version
+            log.append(EventKind.ENGINE_STATE, f"ACTIVE at {engine.url} with weights v{held}",
+                       engine_ids=engine.engine_id,
+                       details={"weight_version": held, "latest_published": latest_published() or 0})
+        else:
+            log.append(EventKind.ENGINE_STATE, f"{dst.value} (from {src.value})", engine_ids=engine.engine_id)
+
+    return record

@@ -1,8 +1,14 @@
-"""RolloutManager: the Ray actor that owns the engines and fills the sample buffer (DESIGN 2, 3, 8).
+"""RolloutManager: the Ray actor that owns the engines and fills the sample buffer.
 
-It is a thin shell: engine states live in `rollout.pool`, routing in `rollout.router`, the staleness
-rule in `data.staleness`, partitions in `data.buffer`, and group assembly in `rollout.generator`. This
-actor wires them to Ray (EngineActors) and HTTP (EngineClient) and runs the generation loop.
+It composes the parts and runs the generation loop; each decision lives elsewhere: engine states in
+``rollout.pool``, routing in ``rollout.router``, bring-up/health/drain/eviction in ``rollout.fleet``
+(over the Ray launcher of ``rollout.launcher``), scale requests in ``rollout.executor``, the staleness rule
+in ``data.staleness``, partitions in ``data.buffer`` and group assembly in ``rollout.generator``
+(docs/architecture.md, "Processes and actors").
+
+Its control API (``engines_view``, ``scale_out``, ``scale_in``, ``events``, ``relax_status``...) returns
+plain values and raises the typed errors of ``rollout.scaling``; ``rollout.manager_client`` is the one
+client for it.
 """
 
 from __future__ import annotations
@@ -21,13 +27,16 @@ from relax.data.dataset import PromptCursor, PromptStream, load_prompt_data
 from relax.data.rewards import get_reward_fn
 from relax.data.sample import PromptGroup
 from relax.data.staleness import StalenessGate
-from relax.engines.client import EngineClient
+from relax.engines.launcher import BuiltinOptions
+from relax.engines.sglang import SGLangOptions
 from relax.logs import setup_logging
-from relax.rollout.elastic import ElasticScaling, envelope
-from relax.rollout.engine_lifecycle import EngineLifecycle, EngineSlot
-from relax.rollout.events import EventKind, EventLog
+from relax.rollout.control import RolloutControl
+from relax.rollout.events import EventKind, EventLog, transition_recorder
+from relax.rollout.executor import ScaleExecutor, ScalingSettings
+from relax.rollout.fleet import EngineFleet, FleetSettings
 from relax.rollout.generator import Generation, SamplingSettings, generate_group
-from relax.rollout.pool import EngineKind, EnginePool
+from relax.rollout.launcher import RayEngineLauncher, resolve_backend, resolve_engine_host
+from relax.rollout.pool import EnginePool
 from relax.rollout.router import (
     FailureKind,
     NoEngineAvailable,
@@ -36,7 +45,7 @@ from relax.rollout.router import (
     classify_error,
     failure_from_finish_reason,
 )
-from relax.rollout.scaling import ScaleRequestRegistry
+from relax.rollout.scaling import ScaleInSpec, ScaleOutSpec
 from relax.training.evaluation import evaluate_datasets
 from relax.training.weights import WeightManifest, WeightRegistry
 
@@ -90,7 +99,9 @@ class _StepStats:
     cursor_end: dict[str, int] | None = None
 
 
-class RolloutManager(EngineLifecycle, ElasticScaling):
+
+
+class RolloutManager:
     def __init__(self, config: ManagerConfig) -> None:
         from transformers import AutoTokenizer
 
@@ -115,89 +126,80 @@ class RolloutManager(EngineLifecycle, ElasticScaling):
             for name, path in config.eval_datasets
         }
         self.reward_fn = get_reward_fn(config.rm_type or "tiny", config.custom_rm_path)
-        self.pool = EnginePool(time.time)
+        self.event_log = EventLog(time.time)
+        self.weights = WeightRegistry()
+        self.pool = EnginePool(time.time, on_transition=transition_recorder(
+            self.event_log, lambda: self.weights.latest_version))
         self.router = Router()
         self.retry_policy = RetryPolicy(max_attempts=config.max_attempts)
-        self.events = EventLog(time.time)
-        self.registry = WeightRegistry()
         self.buffer = SampleBuffer()
         self.gate = StalenessGate(config.max_staleness, time.monotonic)
-        self._actors: dict[str, Any] = {}
-        self._clients: dict[str, EngineClient] = {}
-        self._routable = asyncio.Event()
         self._state_changed = asyncio.Event()
+        self.fleet = EngineFleet(
+            self.pool, self.router, self.event_log, self.weights, self._launcher(),
+            FleetSettings(model_path=config.model_path, gpus_per_engine=config.gpus_per_engine,
+                          request_timeout_s=config.request_timeout_s, health_timeout_s=config.health_timeout_s,
+                          drain_timeout_s=config.scale_in_drain_timeout_s,
+                          shutdown_timeout_s=config.scale_in_shutdown_timeout_s),
+            on_change=self._state_changed.set,
+        )
+        self.executor = ScaleExecutor(
+            self.pool, self.fleet, self.event_log,
+            ScalingSettings(max_engines=config.max_engines, scale_out_timeout_s=config.scale_out_timeout_s,
+                            partial_success_policy=config.partial_success_policy,
+                            drain_timeout_s=config.scale_in_drain_timeout_s),
+            on_change=self._state_changed.set,
+        )
+        self.control = RolloutControl(self.pool, self.executor, self.event_log, in_flight=self.router.in_flight)
         self._generation: asyncio.Task[None] | None = None
-        self._sync_task: asyncio.Task[None] | None = None
         self._steps: dict[int, _StepStats] = {}
         self._error: BaseException | None = None
         self._tokens_generated = 0
         self._prompt_ids_cache: dict[int, list[int]] = {}
-        # engine lifecycle and elastic scaling (see the mixins)
-        self.scale_requests = ScaleRequestRegistry(time.time)
-        self.initial_count = 0
-        self._slots: dict[str, EngineSlot] = {}
-        self._sync_locks: dict[str, asyncio.Lock] = {}
-        self._drain_events: dict[str, asyncio.Event] = {}
-        self._cancelled_engines: set[str] = set()
-        self._background: set[asyncio.Task[Any]] = set()
-        self._shutting_down = False
-        self._health_task: asyncio.Task[None] | None = None
         self._training: dict[str, Any] = {}
+
+    def _launcher(self) -> RayEngineLauncher:
+        """Engine processes as Ray actors; SIGTERM on one of them reaches :meth:`notify_eviction`."""
+        import ray
+
+        backend = resolve_backend(self.cfg.backend)
+        options: BuiltinOptions | SGLangOptions
+        if backend == "sglang":
+            options = SGLangOptions(tp_size=self.cfg.gpus_per_engine,
+                                    mem_fraction_static=self.cfg.sglang_mem_fraction_static,
+                                    extra_args=self.cfg.sglang_extra_args)
+        else:
+            options = BuiltinOptions(max_running_requests=self.cfg.max_running_requests, num_threads=1)
+        me = ray.get_runtime_context().current_actor
+        return RayEngineLauncher(backend, self.cfg.model_path, {
+            "options": options,
+            "host": resolve_engine_host(self.cfg.engine_host),
+            "log_dir": self.cfg.engine_log_dir,
+            "env": self.cfg.engine_env,
+            "on_eviction": (me, "notify_eviction"),
+        })
 
     # ------------------------------------------------------------------ engines
     async def start_initial_engines(self, bundles: list[tuple[Any, int]]) -> list[dict[str, Any]]:
-        """Start one EngineActor per (placement group, bundle index), concurrently; all must come up."""
-        records = [self.pool.add(EngineKind.INITIAL, bundle=f"initial-{i}") for i in range(len(bundles))]
-        self.initial_count = len(records)
-        results = await asyncio.gather(
-            *(self._bring_up(r.engine_id, EngineSlot(pg, index)) for r, (pg, index) in zip(records, bundles,
-                                                                                            strict=True)),
-            return_exceptions=True,
-        )
-        failures = [
-            (r.engine_id, res) for r, res in zip(records, results, strict=True) if isinstance(res, BaseException)
-        ]
-        if failures:
-            raise RuntimeError(
-                "initial engines failed to start: " + "; ".join(f"{eid}: {err}" for eid, err in failures)
-            )
-        if self._health_task is None:
-            self._health_task = asyncio.create_task(self._health_loop())
-        return [self.pool.get(r.engine_id).to_dict() for r in records]
+        """Start one engine per (placement group, bundle index), concurrently; all must come up."""
+        self.executor.settings.initial_engines = len(bundles)
+        return await self.fleet.start_initial(bundles)
+
+    async def notify_eviction(self, engine_id: str) -> None:
+        """SIGTERM reached an EngineActor (node reclaimed): drain within the grace period, then remove."""
+        await self.fleet.notify_eviction(engine_id)
 
     # ------------------------------------------------------------------ weights
     async def publish_weights(self, version: int, bucket_refs: list[Any], manifest: WeightManifest) -> None:
         """Record version `version` and apply it to every ACTIVE engine in the background.
 
-        Returns at once: the trainer must not wait for engines to load (DESIGN 7); the staleness gate
-        is what holds rollout back until the engines hold recent enough weights.
+        Returns at once: the trainer must not wait for engines to load; the staleness gate is what holds
+        rollout back until the engines hold recent enough weights (docs/architecture.md, "Weights and
+        staleness").
         """
-        self.registry.publish(version, list(bucket_refs), manifest)
-        self.events.append(EventKind.WEIGHTS_PUBLISHED, message=f"v{version}")
-        if self._sync_task is None or self._sync_task.done():
-            self._sync_task = asyncio.create_task(self._sync_loop())
-
-    async def _sync_loop(self) -> None:
-        """Bring every ACTIVE engine to the latest version; newer versions published meanwhile win."""
-        while True:
-            latest = self.registry.latest()
-            behind = [
-                r.engine_id for r in self.pool.active() if (r.weight_version or 0) < (latest.version if latest else 0)
-            ]
-            if latest is None or not behind:
-                return
-            began = time.monotonic()
-            results = await asyncio.gather(*(self._sync_engine_to_latest(eid) for eid in behind),
-                                           return_exceptions=True)
-            for eid, res in zip(behind, results, strict=True):
-                if isinstance(res, BaseException):
-                    await self._on_engine_failure(eid, res, confirmed=True)  # never serve stale weights
-            log.info("weights v%d on %d engine(s) in %.2fs", latest.version, len(behind), time.monotonic() - began)
-            self._state_changed.set()
-
-    def _engine_version(self) -> int:
-        version = self.pool.min_active_weight_version()
-        return -1 if version is None else version
+        self.weights.publish(version, list(bucket_refs), manifest)
+        self.event_log.append(EventKind.WEIGHTS_PUBLISHED, message=f"v{version}")
+        self.fleet.publish()
 
     # ------------------------------------------------------------------ dispatch (router + retry)
     async def generate(self, group_key: str, input_ids: list[int], sampling_params: dict[str, Any]) -> Generation:
@@ -215,7 +217,7 @@ class RolloutManager(EngineLifecycle, ElasticScaling):
             failure: FailureKind | None = None
             error: BaseException | None = None
             try:
-                out = await self._clients[engine_id].generate(
+                out = await self.fleet.client(engine_id).generate(
                     input_ids=input_ids,
                     sampling_params=sampling_params,
                     return_logprob=True,
@@ -226,7 +228,7 @@ class RolloutManager(EngineLifecycle, ElasticScaling):
                 failure, error = classify_error(exc), exc
             finally:
                 self.router.release(engine_id)
-                self._note_release(engine_id)
+                self.fleet.note_release(engine_id)
             if failure is None:
                 assert isinstance(out, dict)
                 failure = failure_from_finish_reason(out["meta_info"].get("finish_reason"))
@@ -235,7 +237,7 @@ class RolloutManager(EngineLifecycle, ElasticScaling):
                     return Generation(engine_id=engine_id, output=out, dispatch_version=version)
                 error = RuntimeError(f"aborted on {engine_id}")
             if failure is FailureKind.ENGINE_UNAVAILABLE and error is not None:
-                await self._on_engine_failure(engine_id, error)
+                await self.fleet.on_engine_failure(engine_id, error)
             decision = self.retry_policy.decide(failure, attempt=attempt, engine_id=engine_id, excluded=excluded)
             if not decision:
                 raise SampleLostError(f"request failed on {engine_id}: {decision.reason}: {error}") from error
@@ -246,8 +248,8 @@ class RolloutManager(EngineLifecycle, ElasticScaling):
             try:
                 return self.router.acquire(group_key, exclude=excluded)
             except NoEngineAvailable:
-                self._routable.clear()
-                await self._routable.wait()
+                self.fleet.routable.clear()
+                await self.fleet.routable.wait()
 
     # ------------------------------------------------------------------ generation loop
     async def start_generation(self, start_step: int = 0, cursor: dict[str, int] | None = None) -> None:
@@ -273,7 +275,7 @@ class RolloutManager(EngineLifecycle, ElasticScaling):
                     step + 1,
                     self.cfg.num_rollout,
                     len(batch.records),
-                    self._engine_version(),
+                    self.fleet.engine_version(),
                 )
             self.gate.mark_idle()
         except asyncio.CancelledError:
@@ -291,7 +293,7 @@ class RolloutManager(EngineLifecycle, ElasticScaling):
 
     async def _wait_for_gate(self, step: int) -> None:
         while True:
-            decision = self.gate.can_start(step, self._engine_version(), self.buffer.num_waiting_partitions())
+            decision = self.gate.can_start(step, self.fleet.engine_version(), self.buffer.num_waiting_partitions())
             if decision.ok:
                 return
             await self._next_state_change()
@@ -366,7 +368,7 @@ class RolloutManager(EngineLifecycle, ElasticScaling):
             out.update(report.to_metrics())
         return out
 
-    # ------------------------------------------------------------------ observation
+    # ------------------------------------------------------------------ observation (driver and tests)
     async def engines(self) -> list[dict[str, Any]]:
         for r in self.pool.records():
             self.pool.set_in_flight(r.engine_id, self.router.in_flight(r.engine_id))
@@ -374,90 +376,83 @@ class RolloutManager(EngineLifecycle, ElasticScaling):
 
     async def engine_process(self, engine_id: str) -> dict[str, Any]:
         """The EngineActor's launch info (url, node, server pid) for operators and tests."""
-        actor = self._actors.get(engine_id)
-        return {} if actor is None else await actor.info.remote()
+        return dict(await self.fleet.engine_info(engine_id))
 
     async def engine_urls(self) -> dict[str, str]:
         return {r.engine_id: r.url for r in self.pool.active() if r.url}
 
     async def status(self) -> dict[str, Any]:
         return {
-            "engine_weight_version": self._engine_version(),
+            "engine_weight_version": self.fleet.engine_version(),
             "active_engines": len(self.pool.active()),
             "waiting_partitions": self.buffer.num_waiting_partitions(),
             "staleness_blocked_fraction": self.gate.blocked_fraction(),
             "tokens_generated": self._tokens_generated,
-            "latest_published": (self.registry.latest().version if self.registry.latest() else 0),
+            "latest_published": self.weights.latest_version or 0,
         }
-
-    async def recent_events(self, limit: int = 100) -> list[dict[str, Any]]:
-        return [e.to_dict() for e in self.events.newest(limit)]
 
     async def report_training(self, metrics: dict[str, Any]) -> None:
         """The driver's latest training-step figures, shown by the control plane's /metrics."""
         self._training = dict(metrics)
 
-    # ------------------------------------------------------------------ REST views (envelopes)
-    async def engines_view(self, model_name: str | None = None) -> dict[str, Any]:
-        if model_name not in (None, "default"):
-            return envelope(404, {"detail": f"model_name: unknown model {model_name!r} (the only model is 'default')",
-                                  "field": "model_name"})
-        for r in self.pool.records():
-            self.pool.set_in_flight(r.engine_id, self.router.in_flight(r.engine_id))
-        live = [r for r in self.pool.records() if not r.state.terminal]
-        view = [{"engine_id": r.engine_id, "url": r.url, "kind": r.kind.value, "status": r.state.value,
-                 "weight_version": r.weight_version, "in_flight": r.in_flight, "node_id": r.node_id}
-                for r in live]
-        return envelope(200, {"models": {"default": {"engines": view}}, "total_engines": len(view),
-                              "active_engines": len(self.pool.active())})
-
-    async def events_view(self, limit: int = 100, kind: str | None = None) -> dict[str, Any]:
-        try:
-            return envelope(200, self.events.to_dict(limit, kind))
-        except ValueError as exc:
-            return envelope(400, {"detail": f"kind: {exc}", "field": "kind"})
-
-    async def relax_status(self) -> dict[str, Any]:
-        counts = {state.value: n for state, n in self.pool.counts().items()}
-        return envelope(200, {
-            "engines_by_state": counts,
-            "training_step": self._training.get("step", 0),
-            "num_rollout": self.cfg.num_rollout,
-            "rollout_tokens_per_s": self._training.get("rollout_tokens_per_s", 0.0),
-            "staleness_mean": self._training.get("staleness_mean", 0.0),
-            "trainer_wait_fraction": self._training.get("trainer_wait_fraction", 0.0),
-            "engine_weight_version": self._engine_version(),
-            "staleness_blocked_fraction": self.gate.blocked_fraction(),
-            "buffer_waiting_partitions": self.buffer.num_waiting_partitions(),
-            "tokens_generated": self._tokens_generated,
-            "scale_events_total": self.events.counts(),
-            "initial_engines": self.initial_count,
-            "scale_request_running": (r.request_id if (r := self.scale_requests.running()) else None),
-        })
-
     async def wait_weights(self, version: int, timeout: float = 120.0) -> bool:
         """Wait until every ACTIVE engine holds at least `version` (tests and the final summary)."""
         deadline = time.monotonic() + timeout
-        while self._engine_version() < version:
+        while self.fleet.engine_version() < version:
             if time.monotonic() > deadline:
                 return False
             await self._next_state_change()
         return True
 
+    # ------------------------------------------------------------------ control API (REST + autoscaler)
+    async def engines_view(self, model_name: str | None = None) -> dict[str, Any]:
+        return self.control.engines_view(model_name)
+
+    async def events(self, limit: int = 100, kind: str | None = None) -> dict[str, Any]:
+        return self.control.events_view(limit, kind)
+
+    async def recent_events(self, limit: int = 100) -> list[dict[str, Any]]:
+        return [e.to_dict() for e in self.event_log.newest(limit)]
+
+    async def relax_status(self) -> dict[str, Any]:
+        return self.control.status({
+            "training_step": self._training.get("step", 0),
+            "num_rollout": self.cfg.num_rollout,
+            "rollout_tokens_per_s": self._training.get("rollout_tokens_per_s", 0.0),
+            "staleness_mean": self._training.get("staleness_mean", 0.0),
+            "trainer_wait_fraction": self._training.get("trainer_wait_fraction", 0.0),
+            "staleness_blocked_fraction": self.gate.blocked_fraction(),
+            "buffer_waiting_partitions": self.buffer.num_waiting_partitions(),
+            "tokens_generated": self._tokens_generated,
+        })
+
+    async def scale_out(self, spec: ScaleOutSpec) -> dict[str, Any]:
+        return self.control.scale_out(spec)
+
+    async def scale_in(self, spec: ScaleInSpec) -> dict[str, Any]:
+        return self.control.scale_in(spec)
+
+    async def list_scale_requests(self, direction: str, status: str | None = None,
+                                  model_name: str | None = None) -> list[dict[str, Any]]:
+        return self.control.list_scale_requests(direction, status, model_name)
+
+    async def get_scale_request(self, direction: str, request_id: str) -> dict[str, Any]:
+        return self.control.get_scale_request(direction, request_id)
+
+    async def cancel_scale_out(self, request_id: str) -> dict[str, Any]:
+        return self.control.cancel_scale_out(request_id)
+
+    async def cancel_scale_out_batch(self, status_filter: list[str] | None = None,
+                                     dry_run: bool = False) -> dict[str, Any]:
+        return self.control.cancel_scale_out_batch(status_filter, dry_run)
+
     async def shutdown(self) -> None:
         """Stop generation, every engine (process, actor, owned placement group) and background task."""
-        self._shutting_down = True
-        for task in [self._generation, self._sync_task, self._health_task, *self._background]:
-            if task is not None:
-                task.cancel()
+        if self._generation is not None:
+            self._generation.cancel()
+        await self.executor.aclose()
         await self.buffer.close()
-        await asyncio.gather(*(self._release_resources(eid, grace_s=5.0) for eid in list(self._actors)),
-                             return_exceptions=True)
-        for engine_id in list(self._slots):  # owned groups of engines whose actor never started
-            await self._release_resources(engine_id, grace_s=0.0)
-        for client in list(self._clients.values()):
-            await client.aclose()
-        self._clients.clear()
+        await self.fleet.shutdown()
         log.info("rollout manager shut down (pid %d)", os.getpid())
 
 

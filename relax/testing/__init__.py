@@ -1,28 +1,5 @@
-"""Test and demo helpers shipped with Relax: a local elastic Ray cluster with fake autoscaled nodes.
+"""Test doubles shipped with Relax: stand-ins that let tests and benchmarks run without the real thing.
 
-Importing this package is cheap (no Ray import); Ray loads when a cluster starts or is inspected.
+Importing this package is cheap: it imports nothing; import the module you need (``relax.testing.<module>``).
+The local elastic Ray cluster behind ``relax cluster up`` is product code: ``relax.cluster.local_elastic``.
 """
-
-from relax.testing.elastic_cluster import (
-    ClusterInfo,
-    ClusterStatus,
-    ElasticCluster,
-    ElasticClusterConfig,
-    ElasticClusterError,
-    NodeStatus,
-    PendingGang,
-    read_status,
-    stop_cluster,
-)
-
-__all__ = [
-    "ClusterInfo",
-    "ClusterStatus",
-    "ElasticCluster",
-    "ElasticClusterConfig",
-    "ElasticClusterError",
-    "NodeStatus",
-    "PendingGang",
-    "read_status",
-    "stop_cluster",
-]

@@ -1,4 +1,4 @@
-"""One trainer rank: an FSDP2-sharded HF causal LM that computes GRPO updates (DESIGN 2, 8).
+"""One trainer rank: an FSDP2-sharded HF causal LM that computes GRPO updates (docs/architecture.md, "Training").
 
 ``TrainerActor`` is a plain class; ``relax.training.group.TrainerGroup`` wraps it with ``ray.remote`` and
 runs N of them as one ``torch.distributed`` job (gloo on CPU, NCCL on GPUs). Every public method except

@@ -1,4 +1,6 @@
-"""The trainer group: N ``TrainerActor`` ranks in one placement group, driven as one trainer (DESIGN 2).
+"""The trainer group: N ``TrainerActor`` ranks in one placement group, driven as one trainer.
+
+(docs/architecture.md, "Training".)
 
 The driver sees a single object: ``train_step(samples)`` splits the global batch contiguously over the
 ranks, hands every rank the global loss denominator and the common number of micro-batches (FSDP's

@@ -1,4 +1,6 @@
-"""Weight publication pieces (DESIGN 7): buckets, manifests, the version registry and on-disk copies.
+"""Weight publication pieces: buckets, manifests, the version registry and on-disk copies.
+
+(docs/architecture.md, "Weights and staleness".)
 
 The path of one version: trainer rank 0 gathers the full state dict, ``make_buckets`` cuts it into
 pieces of about ``bucket_bytes`` (so no single object-store object is huge and pulls can stream), the

@@ -21,9 +21,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from relax.cluster.local_elastic import ElasticCluster, ElasticClusterConfig, read_status
 from relax.cluster.network import free_port
-from relax.elastic_demo import RunApi, job_env, start_burst, submit_tiny_job, wait_until
-from relax.testing import ElasticCluster, ElasticClusterConfig, read_status
+from relax.demo.elastic import RunApi, job_env, start_burst, submit_tiny_job, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 

@@ -15,8 +15,8 @@ import psutil
 import pytest
 
 from relax.cluster.network import free_port
-from relax.demo import tiny_train_argv
-from relax.elastic_demo import RunApi, wait_until
+from relax.demo.elastic import RunApi, wait_until
+from relax.demo.local import tiny_train_argv
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]  # the waits below add up to more than 300 s
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from relax.demo import tiny_train_argv
+from relax.demo.local import tiny_train_argv
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]  # a run may take up to 480 s (train())
 

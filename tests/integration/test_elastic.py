@@ -12,6 +12,8 @@ import pytest
 import ray
 from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 
+from relax.rollout.api import status_of
+from relax.rollout.api_models import InvalidBody, ScaleInBody, ScaleOutBody, parse_body
 from relax.rollout.generator import SamplingSettings
 from relax.rollout.manager import ManagerConfig, RolloutManager
 
@@ -50,9 +52,22 @@ def elastic(ray_cluster, tiny_preset):
         remove_placement_group(initial)
 
 
+_BODIES = {"scale_out": ScaleOutBody, "scale_in": ScaleInBody}
+
+
 def call(manager, method: str, *args):
-    answer = ray.get(getattr(manager, method).remote(*args), timeout=120)
-    return answer["http_status"], answer["body"]
+    """One control-API call as the REST layer answers it: (status, body); a dict body is validated first."""
+    try:
+        if method in _BODIES:
+            args = (parse_body(_BODIES[method], args[0]).to_spec(), *args[1:])
+        return 200, ray.get(getattr(manager, method).remote(*args), timeout=120)
+    except InvalidBody as exc:  # refused by the REST layer before it reaches the manager
+        return status_of(exc), exc.to_dict()
+    except ray.exceptions.RayTaskError as exc:
+        status = status_of(exc.cause)
+        if status is None:
+            raise
+        return status, exc.cause.to_dict()
 
 
 def engines(manager) -> list[dict]:
@@ -192,7 +207,7 @@ def test_sigterm_evicts_an_elastic_engine_with_drain_and_cleanup(elastic) -> Non
     outs = ray.get(in_flight, timeout=120)
     assert all(o.output["meta_info"]["completion_tokens"] == 150 for o in outs)
     assert groups_by_name()[f"relax-{victim}"] == "REMOVED"
-    kinds = [e["kind"] for e in call(elastic, "events_view", 50)[1]["events"] if victim in e["engine_ids"]]
+    kinds = [e["kind"] for e in call(elastic, "events", 50)[1]["events"] if victim in e["engine_ids"]]
     assert "engine_evicted" in kinds
     status, body = call(elastic, "scale_in", {"num_replicas": 1})
     assert status == 200 and "request_id" in body, body

@@ -19,8 +19,8 @@ from typing import Any, TypeVar
 
 import pytest
 
+from relax.cluster.local_elastic import ClusterInfo, ElasticCluster, ElasticClusterConfig, stop_cluster
 from relax.cluster.network import free_port
-from relax.testing import ClusterInfo, ElasticCluster, ElasticClusterConfig, stop_cluster
 
 T = TypeVar("T")
 

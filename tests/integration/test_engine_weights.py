@@ -1,4 +1,7 @@
-"""Loading new weights into a running built-in engine (DESIGN 7): version, outputs, in-flight requests."""
+"""Loading new weights into a running built-in engine: version, outputs, in-flight requests.
+
+(docs/architecture.md, "Weights and staleness".)
+"""
 
 from __future__ import annotations
 

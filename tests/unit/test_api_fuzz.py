@@ -1,7 +1,7 @@
 """The control plane's HTTP API under fuzzing: no 5xx on malformed input, and answers that match ``/openapi.json``.
 
 The app is the real one: :class:`~relax.rollout.control_plane.ControlPlane` (``create_app`` served by uvicorn
-on 127.0.0.1, port picked by the OS) over :class:`~relax.rollout.control_plane.LocalBackend` (the real scale
+on 127.0.0.1, port picked by the OS) over :class:`~relax.testing.local_rollout.LocalRollout` (the real scale
 request registry, engine pool and event log with simulated engines), with the real autoscaler router over an
 :class:`~relax.autoscaler.service.AutoscalerService` mounted under ``/autoscaler``. Nothing leaves 127.0.0.1.
 
@@ -50,7 +50,8 @@ from relax.autoscaler.config import AutoscalerConfig
 from relax.autoscaler.routes import autoscaler_router
 from relax.autoscaler.service import AutoscalerService
 from relax.rollout.api import create_app
-from relax.rollout.control_plane import ControlPlane, LocalBackend
+from relax.rollout.control_plane import ControlPlane
+from relax.testing.local_rollout import LocalRollout
 from tests.local_manager import LocalManager
 
 MAX_EXAMPLES = 25
@@ -92,8 +93,8 @@ class ServedControlPlane:
         return self
 
     async def _start(self) -> str:
-        # Built on the serving loop: LocalBackend's simulated work must run there.
-        self.backend = LocalBackend(2, max_engines=8)
+        # Built on the serving loop: LocalRollout's simulated work must run there.
+        self.backend = LocalRollout(2, max_engines=8)
         self.service = AutoscalerService(autoscaler_config(), LocalManager(self.backend), scrape_timeout=1.0)
         await self.service.step()  # one scrape and evaluation, so /autoscaler/status has pool facts to show
         self.plane = ControlPlane(self.backend, HOST, 0, None, autoscaler=autoscaler_router(self.service))
@@ -136,7 +137,7 @@ def api_schema(served: ServedControlPlane) -> schemathesis.BaseSchema:
 
 def _openapi() -> dict[str, Any]:
     """The schema of an app built by the same factories (the served one is checked to be the same)."""
-    local = LocalBackend(0)
+    local = LocalRollout(0)
     service = AutoscalerService(autoscaler_config(), LocalManager(local))
     return create_app(local, token=None, autoscaler=autoscaler_router(service)).openapi()
 

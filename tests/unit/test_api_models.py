@@ -1,4 +1,7 @@
-"""Scaling REST bodies: strict shapes, URL rules, one-line messages naming the field (DESIGN 4)."""
+"""Scaling REST bodies: strict shapes, URL rules, one-line messages naming the field, errors to HTTP.
+
+(docs/architecture.md, "Scale requests".)
+"""
 
 from __future__ import annotations
 
@@ -20,16 +23,31 @@ from relax.rollout.api_models import (
     ScaleInBody,
     ScaleOutBody,
     describe_validation_error,
+    error_body,
+    http_status_of,
     normalize_engine_url,
     parse_body,
 )
+from relax.rollout.engine_url import normalize_engine_url as pure_normalize_engine_url
 from relax.rollout.pool import EngineKind, EnginePool, EngineState
+from relax.rollout.scaling import (
+    IllegalRequestTransition,
+    NotCancellable,
+    RejectedRequest,
+    ScaleConflict,
+    ScaleInSpec,
+    ScaleOutSpec,
+    ScaleOutStatus,
+    ScalingError,
+    UnknownModel,
+    UnknownRequest,
+)
 
 
 def _message(model, data) -> str:
     with pytest.raises(InvalidBody) as info:
         parse_body(model, data)
-    assert info.value.http_status == 422
+    assert info.value.http_status == 422 and http_status_of(info.value) == 422
     return info.value.message
 
 
@@ -223,6 +241,49 @@ def test_describe_validation_error_strips_pydantic_value_error_prefix() -> None:
     assert "Value error" not in text
 
 
+def test_bodies_become_specs() -> None:
+    assert ScaleOutBody(num_replicas=6, timeout_secs=30).to_spec() == ScaleOutSpec(num_replicas=6, timeout_secs=30.0)
+    out = parse_body(ScaleOutBody, {"engine_urls": ["HTTP://B:1/", "http://a:2", "http://b:1"], "model_name": "m"})
+    assert out.to_spec() == ScaleOutSpec(engine_urls=("http://b:1", "http://a:2"), model_name="m")
+    body = ScaleInBody(num_replicas=4, force=True, dry_run=True, timeout_secs=5)
+    assert body.to_spec() == ScaleInSpec(num_replicas=4, force=True, dry_run=True, timeout_secs=5.0)
+    assert ScaleInBody(engine_urls=["http://x:1"]).to_spec() == ScaleInSpec(engine_urls=("http://x:1",))
+    assert ScaleInBody(engine_urls=["http://x:1"]).to_spec().num_replicas is None
+
+
+@pytest.mark.parametrize(
+    ("error", "status"),
+    [
+        (UnknownModel("qwen"), 404),
+        (UnknownRequest("so-1"), 404),
+        (ScaleConflict("so-1", "CREATING", "scale_out"), 409),
+        (NotCancellable("so-1", "FAILED"), 400),
+        (RejectedRequest("no", code="below_initial"), 400),
+        (ScalingError("no"), 400),
+        (InvalidBody("bad"), 422),
+        (RequestError("bad"), 400),
+        (RequestError("gone", http_status=410), 410),
+        (IllegalRequestTransition("so-1", ScaleOutStatus.PENDING, ScaleOutStatus.ACTIVE), None),
+        (ValueError("bug"), None),
+        (KeyError("bug"), None),
+    ],
+)
+def test_http_status_of_is_the_one_mapping_from_error_types(error: BaseException, status: int | None) -> None:
+    assert http_status_of(error) == status
+
+
+def test_error_body_is_the_errors_json() -> None:
+    conflict = ScaleConflict("so-1", "CREATING", "scale_out")
+    assert error_body(conflict) == conflict.to_dict()
+    assert error_body(conflict)["running_request_id"] == "so-1"
+    assert ErrorResponse(**error_body(conflict)).running_request_id == "so-1"
+    assert error_body(UnknownModel("x")) == {"detail": UnknownModel("x").message, "field": "model_name"}
+    assert error_body(InvalidBody("bad", errors=[{"field": "f", "problem": "p"}]))["errors"] == [
+        {"field": "f", "problem": "p"}
+    ]
+    assert error_body(ValueError("oops")) == {"detail": "oops", "field": None}
+
+
 def test_request_error_defaults_and_to_dict() -> None:
     err = RequestError("num_replicas: too big", field="num_replicas")
     assert err.http_status == 400
@@ -246,6 +307,7 @@ def test_request_error_defaults_and_to_dict() -> None:
 )
 def test_normalize_engine_url(url: str, canonical: str) -> None:
     assert normalize_engine_url(url) == canonical
+    assert pure_normalize_engine_url is normalize_engine_url  # one definition, re-exported by the REST layer
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Every rule of the autoscaler policy (DESIGN 5) on an injected clock."""
+"""Every rule of the autoscaler policy (docs/architecture.md, "The autoscaler") on an injected clock."""
 
 from __future__ import annotations
 

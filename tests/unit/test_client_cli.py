@@ -1,6 +1,6 @@
 """``relax engines | scale-out | scale-in | events`` against a real control plane on 127.0.0.1.
 
-One :class:`ControlPlane` (uvicorn on a real socket, token on) serves a :class:`LocalBackend` from a
+One :class:`ControlPlane` (uvicorn on a real socket, token on) serves a :class:`LocalRollout` from a
 background thread for the whole module; the CLI talks to it over HTTP exactly as an operator would. Tests
 that change the pool put it back, so they do not depend on their order.
 """
@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 from relax import cli, client_cli
-from relax.rollout.control_plane import ControlPlane, LocalBackend
+from relax.rollout.control_plane import ControlPlane
+from relax.testing.local_rollout import LocalRollout
 
 TOKEN = "cli-test-token"
 
@@ -30,7 +31,7 @@ class Server:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="control-plane", daemon=True)
         self.thread.start()
-        self.backend = LocalBackend(initial_engines=2, step_delay_s=0.02)
+        self.backend = LocalRollout(initial_engines=2, step_delay_s=0.02)
         self.plane = ControlPlane(self.backend, "127.0.0.1", 0, TOKEN)
         self.url = self.call(self.plane.start())
 

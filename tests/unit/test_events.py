@@ -1,4 +1,7 @@
-"""Event history: ordering, limits, filters, bounded capacity (DESIGN 4, GET /rollout/events)."""
+"""Event history behind GET /rollout/events: ordering, limits, filters, bounded capacity.
+
+(docs/architecture.md, "Scale requests".)
+"""
 
 from __future__ import annotations
 

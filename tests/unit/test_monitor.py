@@ -1,7 +1,7 @@
 """``relax monitor``: the pure data shaping, the pre-flight check, and the Textual app against a real server.
 
 The server is the real stack on 127.0.0.1: the control plane app (``create_app``, bearer token on) over the
-in-process ``LocalBackend``, with the real ``autoscaler_router`` over a real ``AutoscalerService`` mounted under
+in-process ``LocalRollout``, with the real ``autoscaler_router`` over a real ``AutoscalerService`` mounted under
 ``/autoscaler``. The same app serves each fake engine's ``/engines/<id>/metrics`` as Prometheus text from
 ``prometheus_client``, so the numbers the monitor shows went through scrape, parse, aggregate, policy, JSON and
 HTTP exactly as in a run. The service is stepped by hand with a fake clock, so what it serves is deterministic;
@@ -43,11 +43,11 @@ from relax.autoscaler.monitor import (
     overview_rows,
     sparkline,
 )
+from relax.autoscaler.policy import CONDITION_LABELS, SCALE_IN_CONDITIONS, SCALE_OUT_CONDITIONS, STALENESS_GATE
 from relax.autoscaler.routes import autoscaler_router
 from relax.autoscaler.service import AutoscalerService
 from relax.cluster.network import free_port
 from relax.rollout.api import create_app
-from relax.rollout.control_plane import LocalBackend
 from tests.local_manager import LocalManager
 from tests.loopback import LoopbackServer
 
@@ -110,7 +110,7 @@ class FakeClock:
 
 
 class Served:
-    """The control plane on its own thread and event loop (LocalBackend and the service live on that loop)."""
+    """The control plane on its own thread and event loop (LocalRollout and the service live on that loop)."""
 
     def __init__(self) -> None:
         self.port = free_port()
@@ -119,7 +119,9 @@ class Served:
         self.load = BUSY
         self.engines: dict[str, FakeEngine] = {}
         self.clock = FakeClock()
-        self.local = LocalBackend(2)
+        from relax.testing.local_rollout import LocalRollout  # here: the pure-shaping tests run without it
+
+        self.local = LocalRollout(2)
         config = AutoscalerConfig.model_validate({
             "enabled": True, "min_engines": 2, "max_engines": 6,
             "metrics_interval_secs": 10.0, "evaluation_interval_secs": 10.0, "condition_window_secs": 60.0,
@@ -141,7 +143,7 @@ class Served:
         self.http = LoopbackServer(app, port=self.port, loop=self.loop, lifespan="off", name="control-plane")
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run ``coro`` on the server's loop and wait for it (the only loop LocalBackend may be used on)."""
+        """Run ``coro`` on the server's loop and wait for it (the only loop LocalRollout may be used on)."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=20)
 
     def call(self, fn: Callable[[], T]) -> T:
@@ -410,6 +412,19 @@ def test_condition_rows_group_by_rule_and_show_value_threshold_and_streak() -> N
     assert (gate.rule, gate.value, gate.held, gate.note) == ("gate", NONE, NONE, "no data")
     assert (new.rule, new.label, new.threshold, new.held) == ("scale-in", "brand new", "<= 1", "now")
     assert condition_rows({}) == [] and condition_rows({"conditions": None}) == []
+
+
+def test_condition_rows_speak_the_policys_vocabulary() -> None:
+    """Without ``rules`` in the answer, the policy's own rules order the rows, worded as the policy words them."""
+    state = {"value": 0.5, "threshold": 0.4, "met": True, "streak_secs": 0.0, "required_secs": 0.0,
+             "sustained": True, "note": ""}
+    names = [*SCALE_OUT_CONDITIONS, *SCALE_IN_CONDITIONS, STALENESS_GATE]
+    rows = condition_rows({"conditions": {str(name): dict(state) for name in reversed(names)}})
+    assert [row.name for row in rows] == [str(name) for name in names]
+    assert [row.rule for row in rows] == ["scale-out (ANY)"] * 5 + ["scale-in (ALL)"] * 5 + ["gate"]
+    for row in rows:
+        label, op, _ = CONDITION_LABELS[row.name]
+        assert row.label == label and row.threshold.startswith(op), row
 
 
 STATUS = {

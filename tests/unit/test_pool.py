@@ -1,4 +1,7 @@
-"""Engine pool: lifecycle state machine, id allocation, queries, snapshot/restore (DESIGN 3.4)."""
+"""Engine pool: lifecycle state machine, id allocation, queries, snapshot/restore.
+
+(docs/architecture.md, "Engine lifecycle".)
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The control plane's HTTP layer (DESIGN 4): routes, validation messages, auth, /metrics, /openapi.json.
 
-Routes run over ``httpx.ASGITransport`` against :class:`LocalBackend`, the backend contract implemented
+Routes run over ``httpx.ASGITransport`` against :class:`LocalRollout`, the backend contract implemented
 in-process over the real scaling modules (registry, pool, event log), so every answer here is the one a
 run would give, minus Ray. :class:`ControlPlane` is started once on a real socket, and :class:`RayBackend`
 is checked against a fake actor handle for what can go wrong between processes.
@@ -9,7 +9,6 @@ is checked against a fake actor handle for what can go wrong between processes.
 from __future__ import annotations
 
 import asyncio
-import json
 import socket
 from typing import Any
 
@@ -18,7 +17,7 @@ import pytest
 from fastapi import APIRouter
 from prometheus_client.parser import text_string_to_metric_families
 
-from relax.rollout.api import create_app, envelope, unwrap_envelope
+from relax.rollout.api import create_app, status_of
 from relax.rollout.api_models import (
     CancelBatchResponse,
     EnginesResponse,
@@ -28,16 +27,18 @@ from relax.rollout.api_models import (
     ScaleNoop,
     ScaleOutRequestView,
 )
-from relax.rollout.control_plane import ControlPlane, LocalBackend, RayBackend
+from relax.rollout.control_plane import ControlPlane
+from relax.rollout.manager_client import ManagerClient, ManagerInternalError, ManagerTimeout, ManagerUnavailable
 from relax.rollout.relax_metrics import render_metrics
-from relax.rollout.scaling import UnknownRequest
+from relax.rollout.scaling import NotCancellable, RejectedRequest, ScaleConflict, UnknownModel, UnknownRequest
+from relax.testing.local_rollout import LocalRollout
 
 TOKEN = "s3cret-token"
 
 
 @pytest.fixture
 async def backend():
-    b = LocalBackend(initial_engines=2)
+    b = LocalRollout(initial_engines=2)
     yield b
     await b.aclose()
 
@@ -53,14 +54,14 @@ async def client(backend):
         yield c
 
 
-async def _scale_out_to(client: httpx.AsyncClient, backend: LocalBackend, n: int) -> str:
+async def _scale_out_to(client: httpx.AsyncClient, backend: LocalRollout, n: int) -> str:
     r = await client.post("/rollout/scale_out", json={"num_replicas": n})
     assert r.status_code == 200, r.text
     await backend.wait_idle()
     return r.json()["request_id"]
 
 
-def _nothing_changed(backend: LocalBackend, events_before: int) -> None:
+def _nothing_changed(backend: LocalRollout, events_before: int) -> None:
     assert len(backend.registry) == 0
     assert backend.event_log.total == events_before
     assert backend.pool.live_count() == 2
@@ -135,7 +136,7 @@ async def test_scale_out_attaches_external_urls_idempotently(client, backend):
     ("policy", "status", "engines_after"), [("rollback_all", "FAILED", 2), ("keep_partial", "PARTIAL", 3)]
 )
 async def test_partial_success_policy(policy, status, engines_after):
-    backend = LocalBackend(2, partial_success_policy=policy, unreachable_urls={"http://10.0.0.8:30000"})
+    backend = LocalRollout(2, partial_success_policy=policy, unreachable_urls={"http://10.0.0.8:30000"})
     async with _client(create_app(backend, token=None)) as c:
         body = {"engine_urls": ["http://10.0.0.7:30000", "http://10.0.0.8:30000"]}
         request_id = (await c.post("/rollout/scale_out", json=body)).json()["request_id"]
@@ -401,9 +402,9 @@ def test_render_metrics_skips_missing_and_non_numeric_values():
 
 
 async def test_metrics_is_503_when_the_backend_cannot_answer():
-    class Down(LocalBackend):
+    class Down(LocalRollout):
         async def relax_status(self):
-            return envelope(503, {"detail": "the rollout manager is unavailable"})
+            raise ManagerUnavailable("the rollout manager is unavailable")
 
     async with _client(create_app(Down(), token=None)) as c:
         r = await c.get("/metrics")
@@ -477,30 +478,35 @@ async def test_openapi_describes_every_route_and_body(backend):
 
 
 async def test_backend_failures_become_json_answers(backend):
-    class Broken(LocalBackend):
+    class Broken(LocalRollout):
         async def engines_view(self, model_name):
-            return {"status": 200}  # not an envelope
+            return {"engines": object()}  # not JSON-able: a bug behind the backend
 
         async def get_scale_request(self, direction, request_id):
-            raise UnknownRequest(request_id, direction)  # raising a RequestError is allowed too
+            raise UnknownRequest(request_id, direction)  # a domain error is answered with its status
 
         async def events(self, limit, kind):
             raise RuntimeError("boom")
 
     async with _client(create_app(Broken(), token=None)) as c:
         malformed = await c.get("/rollout/engines")
-        assert malformed.status_code == 500 and "malformed envelope" in malformed.json()["detail"]
+        assert malformed.status_code == 500 and "TypeError" in malformed.json()["detail"]
         raised = await c.get("/rollout/scale_out/so-3")
         assert raised.status_code == 404 and "so-3" in raised.json()["detail"]
         crashed = await c.get("/rollout/events")
         assert crashed.status_code == 500 and "RuntimeError: boom" in crashed.json()["detail"]
 
 
-def test_unwrap_envelope_accepts_only_the_contract_shape():
-    assert unwrap_envelope(envelope(201, {"a": 1})) == (201, {"a": 1})
-    for bad in ({"http_status": "200", "body": 1}, {"http_status": 200}, {"http_status": 200, "body": 1, "x": 2},
-                {"http_status": True, "body": 1}, {"http_status": 999, "body": 1}, None):
-        assert unwrap_envelope(bad)[0] == 500
+def test_status_of_maps_every_error_type_in_one_place():
+    assert status_of(UnknownModel("x")) == 404
+    assert status_of(UnknownRequest("so-1", "scale_out")) == 404
+    assert status_of(ScaleConflict("so-1", "CREATING", "scale_out")) == 409
+    assert status_of(NotCancellable("so-1", "ACTIVE")) == 400
+    assert status_of(RejectedRequest("no", field="num_replicas")) == 400
+    assert status_of(ManagerUnavailable("down")) == 503
+    assert status_of(ManagerTimeout("slow")) == 504
+    assert status_of(ManagerInternalError("bug")) == 500
+    assert status_of(RuntimeError("unexpected")) is None
 
 
 def test_create_app_rejects_a_backend_missing_methods_and_a_bad_autoscaler(backend):
@@ -571,11 +577,11 @@ class _FakeHandle:
             setattr(self, name, _Method(fn))
 
 
-async def test_ray_backend_maps_what_can_go_wrong_between_processes():
+async def test_manager_client_maps_what_can_go_wrong_between_processes():
     from ray.exceptions import RayActorError, RayTaskError
 
     async def ok(model_name):
-        return envelope(200, {"model": model_name})
+        return {"model": model_name}
 
     async def dead(*_):
         raise RayActorError(error_msg="The actor died unexpectedly")
@@ -589,22 +595,23 @@ async def test_ray_backend_maps_what_can_go_wrong_between_processes():
     async def slow():
         await asyncio.sleep(5)
 
-    async def garbage(_body):
-        return [1, 2]
+    handle = _FakeHandle(engines_view=ok, scale_in=dead, get_scale_request=rule, events=bug, relax_status=slow)
+    client = ManagerClient(handle, call_timeout_s=0.2)
+    assert await client.engines_view("default") == {"model": "default"}
+    with pytest.raises(ManagerUnavailable, match="died unexpectedly"):
+        await client.scale_in(None)
+    with pytest.raises(UnknownRequest, match="so-7"):  # the domain error itself, not a wrapper
+        await client.get_scale_request("scale_out", "so-7")
+    with pytest.raises(ManagerInternalError, match="internal error in events: KeyError"):
+        await client.events(10, None)
+    with pytest.raises(ManagerTimeout, match="relax_status within 0.2s"):
+        await client.relax_status()
 
-    handle = _FakeHandle(engines_view=ok, scale_in=dead, get_scale_request=rule, events=bug, relax_status=slow,
-                         scale_out=garbage)
-    ray_backend = RayBackend(handle, call_timeout_s=0.2)
-    assert await ray_backend.engines_view("default") == envelope(200, {"model": "default"})
-    assert (await ray_backend.scale_in({}))["http_status"] == 503
-    not_found = await ray_backend.get_scale_request("scale_out", "so-7")
-    assert not_found["http_status"] == 404 and "so-7" in not_found["body"]["detail"]
-    assert (await ray_backend.events(10, None))["http_status"] == 500
-    assert (await ray_backend.relax_status())["http_status"] == 504
-    assert (await ray_backend.scale_out({}))["http_status"] == 500
-    json.dumps([await ray_backend.engines_view(None)])  # envelopes stay JSON-able
-
-    async def events_view(limit, kind):  # the RolloutManager's name (its EventLog is self.events)
-        return envelope(200, {"events": [], "total": limit, "dropped": 0})
-
-    assert (await RayBackend(_FakeHandle(events_view=events_view)).events(7, None))["body"]["total"] == 7
+    # ... and the routes answer each with its status code
+    async with _client(create_app(client, token=None)) as c:
+        assert (await c.get("/rollout/engines")).json() == {"model": None}
+        assert (await c.post("/rollout/scale_in", json={"num_replicas": 2})).status_code == 503
+        not_found = await c.get("/rollout/scale_out/so-7")
+        assert not_found.status_code == 404 and "so-7" in not_found.json()["detail"]
+        assert (await c.get("/rollout/events")).status_code == 500
+        assert (await c.get("/metrics")).status_code == 503

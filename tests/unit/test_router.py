@@ -1,4 +1,7 @@
-"""Router: least-in-flight choice, group stickiness, exact drains; RetryPolicy decisions (DESIGN 3.5)."""
+"""Router: least-in-flight choice, group stickiness, exact drains; RetryPolicy decisions.
+
+(docs/architecture.md, "Router".)
+"""
 
 from __future__ import annotations
 

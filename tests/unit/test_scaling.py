@@ -1,4 +1,7 @@
-"""Elastic scaling core: absolute targets, LIFO victims, one-at-a-time, sticky cancel, history (DESIGN 4)."""
+"""Elastic scaling core: absolute targets, LIFO victims, one-at-a-time, sticky cancel, history.
+
+(docs/architecture.md, "Scale requests".)
+"""
 
 from __future__ import annotations
 
@@ -16,9 +19,13 @@ from relax.rollout.api_models import (
     ScaleNoop,
     ScaleOutBody,
     ScaleOutRequestView,
+    http_status_of,
+    parse_body,
 )
 from relax.rollout.pool import EngineKind, EnginePool, EngineState
 from relax.rollout.scaling import (
+    FAILED_STATUSES,
+    TERMINAL_STATUSES,
     CancelBatchResult,
     Direction,
     IllegalRequestTransition,
@@ -30,12 +37,15 @@ from relax.rollout.scaling import (
     ScaleConflict,
     ScaleInPlan,
     ScaleInRequest,
+    ScaleInSpec,
     ScaleInStatus,
     ScaleKind,
     ScaleOutPlan,
     ScaleOutRequest,
+    ScaleOutSpec,
     ScaleOutStatus,
     ScaleRequestRegistry,
+    ScalingError,
     UnknownModel,
     UnknownRequest,
     current_engine_count,
@@ -81,12 +91,12 @@ def make_pool(initial: int = 4, elastic: int = 0, external: tuple[str, ...] = ()
     return pool
 
 
-def out_plan(pool: EnginePool, initial: int = 4, max_engines: int | None = None, **body):
-    return plan_scale_out(body, pool, initial_count=initial, max_engines=max_engines)
+def out_plan(pool: EnginePool, initial: int = 4, max_engines: int | None = None, **spec):
+    return plan_scale_out(ScaleOutSpec(**spec), pool, initial_count=initial, max_engines=max_engines)
 
 
-def in_plan(pool: EnginePool, initial: int = 4, **body):
-    return plan_scale_in(body, pool, initial_count=initial)
+def in_plan(pool: EnginePool, initial: int = 4, **spec):
+    return plan_scale_in(ScaleInSpec(**spec), pool, initial_count=initial)
 
 
 # -- state machines ------------------------------------------------------------------------------------
@@ -119,6 +129,13 @@ def test_scale_in_status_terminal_states_and_transitions() -> None:
         (SI.DRAINING, SI.FAILED),
         (SI.REMOVING, SI.FAILED),
     }
+
+
+def test_terminal_and_failed_status_names_cover_both_directions() -> None:
+    assert {s.value for s in SO if s.terminal} | {s.value for s in SI if s.terminal} == TERMINAL_STATUSES
+    assert {"ACTIVE", "PARTIAL", "FAILED", "CANCELLED", "COMPLETED"} == TERMINAL_STATUSES
+    assert {"FAILED", "CANCELLED"} == FAILED_STATUSES and FAILED_STATUSES <= TERMINAL_STATUSES
+    assert all(isinstance(name, str) for name in TERMINAL_STATUSES | FAILED_STATUSES)
 
 
 # -- counting -------------------------------------------------------------------------------------------
@@ -170,7 +187,7 @@ def test_draining_engines_do_not_satisfy_a_target() -> None:
 def test_scale_out_target_below_initial_count_is_rejected_as_a_delta_mistake() -> None:
     result = out_plan(make_pool(initial=4), num_replicas=2)
     assert isinstance(result, Rejection)
-    assert (result.http_status, result.code, result.field) == (400, "below_initial", "num_replicas")
+    assert (http_status_of(result.to_error()), result.code, result.field) == (400, "below_initial", "num_replicas")
     assert "num_replicas: 2 is below the initial engine count 4" in result.message
     assert "absolute total" in result.message
 
@@ -179,7 +196,7 @@ def test_scale_out_above_max_engines_is_rejected_naming_the_bound() -> None:
     pool = make_pool(initial=4)
     result = out_plan(pool, max_engines=8, num_replicas=9)
     assert isinstance(result, Rejection)
-    assert (result.http_status, result.code, result.field) == (400, "above_max", "num_replicas")
+    assert (http_status_of(result.to_error()), result.code, result.field) == (400, "above_max", "num_replicas")
     assert "max_engines=8" in result.message
     assert out_plan(pool, max_engines=8, num_replicas=8).to_create == 4
     assert out_plan(pool, max_engines=None, num_replicas=100).to_create == 96
@@ -209,7 +226,7 @@ def test_external_scale_out_counts_existing_urls_and_reattaches_gone_engines() -
     pool.transition("engine_1", S.DRAINING)
     pool.transition("engine_1", S.REMOVED)
     plan = plan_scale_out(
-        {"engine_urls": ["http://ext-a:30000", "http://ext-b:30000"]},
+        ScaleOutSpec(engine_urls=("http://ext-a:30000", "http://ext-b:30000")),
         pool,
         initial_count=1,
         existing_urls=["http://EXT-B:30000"],
@@ -225,26 +242,40 @@ def test_external_scale_out_above_max_engines_is_rejected() -> None:
     assert "attach at most 1" in result.message
 
 
-@pytest.mark.parametrize("planner", [plan_scale_out, plan_scale_in])
-def test_unknown_model_is_a_404_naming_model_name(planner) -> None:
-    result = planner({"model_name": "qwen", "num_replicas": 5}, make_pool(), initial_count=4)
+@pytest.mark.parametrize(("planner", "spec"), [(plan_scale_out, ScaleOutSpec), (plan_scale_in, ScaleInSpec)])
+def test_unknown_model_is_a_404_naming_model_name(planner, spec) -> None:
+    result = planner(spec(model_name="qwen", num_replicas=5), make_pool(), initial_count=4)
     assert isinstance(result, Rejection)
-    assert (result.http_status, result.code, result.field) == (404, "unknown_model", "model_name")
+    assert (http_status_of(result.to_error()), result.code, result.field) == (404, "unknown_model", "model_name")
     error = result.to_error()
-    assert isinstance(error, UnknownModel) and error.http_status == 404 and error.field == "model_name"
+    assert isinstance(error, UnknownModel) and http_status_of(error) == 404 and error.field == "model_name"
     assert "'qwen'" in error.message and "'default'" in error.message
 
 
-@pytest.mark.parametrize("planner", [plan_scale_out, plan_scale_in])
-def test_planners_validate_dict_bodies(planner) -> None:
-    with pytest.raises(InvalidBody, match="num_replicas: expected an integer"):
-        planner({"num_replicas": "5"}, make_pool(), initial_count=4)
+@pytest.mark.parametrize(("planner", "body"), [(plan_scale_out, ScaleOutBody), (plan_scale_in, ScaleInBody)])
+def test_dict_bodies_are_validated_on_the_rest_path_and_planners_take_specs_only(planner, body) -> None:
+    with pytest.raises(InvalidBody, match="num_replicas: expected an integer") as info:
+        planner(parse_body(body, {"num_replicas": "5"}).to_spec(), make_pool(), initial_count=4)
+    assert http_status_of(info.value) == 422
+    with pytest.raises(TypeError, match="to_spec"):
+        planner({"num_replicas": 5}, make_pool(), initial_count=4)
 
 
-def test_planners_accept_body_models() -> None:
+def test_planners_accept_specs_from_body_models() -> None:
     pool = make_pool(elastic=2)
-    assert plan_scale_out(ScaleOutBody(num_replicas=7), pool, initial_count=4).to_create == 1
-    assert plan_scale_in(ScaleInBody(num_replicas=5), pool, initial_count=4).victim_ids == ["engine_5"]
+    assert plan_scale_out(ScaleOutBody(num_replicas=7).to_spec(), pool, initial_count=4).to_create == 1
+    assert plan_scale_in(ScaleInBody(num_replicas=5).to_spec(), pool, initial_count=4).victim_ids == ["engine_5"]
+
+
+@pytest.mark.parametrize("spec", [ScaleOutSpec, ScaleInSpec])
+def test_specs_need_exactly_one_target_and_a_count_that_is_not_negative(spec) -> None:
+    with pytest.raises(ValueError, match="not both"):
+        spec(num_replicas=5, engine_urls=("http://a:1",))
+    with pytest.raises(ValueError, match="num_replicas"):
+        spec()
+    with pytest.raises(ValueError, match=">= 0"):
+        spec(num_replicas=-1)
+    assert spec(engine_urls=["http://a:1"]).engine_urls == ("http://a:1",)
 
 
 # -- scale-in planning ----------------------------------------------------------------------------------
@@ -264,7 +295,7 @@ def test_scale_in_victims_are_newest_elastic_engines_never_initial() -> None:
 def test_scale_in_below_initial_count_is_400_with_a_message() -> None:
     result = in_plan(make_pool(initial=4, elastic=2), num_replicas=3)
     assert isinstance(result, Rejection)
-    assert (result.http_status, result.code, result.field) == (400, "below_initial", "num_replicas")
+    assert (http_status_of(result.to_error()), result.code, result.field) == (400, "below_initial", "num_replicas")
     assert "num_replicas: 3 is below the initial engine count 4" in result.message
     assert "smallest target is 4" in result.message
 
@@ -280,7 +311,7 @@ def test_scale_in_dry_run_shows_victims_and_changes_nothing() -> None:
     pool.set_in_flight("engine_5", 3)
     before = pool.to_dict()
     registry = ScaleRequestRegistry(FakeClock())
-    plan = registry.submit_scale_in({"num_replicas": 4, "dry_run": True, "force": True}, pool, initial_count=4)
+    plan = registry.submit_scale_in(ScaleInSpec(num_replicas=4, dry_run=True, force=True), pool, initial_count=4)
     assert isinstance(plan, ScaleInPlan) and plan.dry_run
     answer = plan.to_dict()
     assert ScaleInDryRun(**answer).engines_after == 4
@@ -338,20 +369,22 @@ def test_rejections_change_nothing() -> None:
     registry = ScaleRequestRegistry(FakeClock())
     before = pool.to_dict()
     for call in (
-        lambda: registry.submit_scale_out({"num_replicas": 2}, pool, initial_count=4),
-        lambda: registry.submit_scale_out({"num_replicas": 9}, pool, initial_count=4, max_engines=8),
-        lambda: registry.submit_scale_out({"model_name": "x", "num_replicas": 6}, pool, initial_count=4),
-        lambda: registry.submit_scale_out({"num_replicas": -1}, pool, initial_count=4),
-        lambda: registry.submit_scale_in({"num_replicas": 3}, pool, initial_count=4),
-        lambda: registry.submit_scale_in({"engine_urls": ["http://10.0.0.0:30000"]}, pool, initial_count=4),
+        lambda: registry.submit_scale_out(ScaleOutSpec(num_replicas=2), pool, initial_count=4),
+        lambda: registry.submit_scale_out(ScaleOutSpec(num_replicas=9), pool, initial_count=4, max_engines=8),
+        lambda: registry.submit_scale_out(ScaleOutSpec(model_name="x", num_replicas=6), pool, initial_count=4),
+        lambda: registry.submit_scale_out(
+            parse_body(ScaleOutBody, {"num_replicas": -1}).to_spec(), pool, initial_count=4
+        ),
+        lambda: registry.submit_scale_in(ScaleInSpec(num_replicas=3), pool, initial_count=4),
+        lambda: registry.submit_scale_in(ScaleInSpec(engine_urls=("http://10.0.0.0:30000",)), pool, initial_count=4),
         lambda: registry.cancel_batch(["NOPE"]),
     ):
         with pytest.raises((RejectedRequest, UnknownModel, InvalidBody)) as info:
             call()
-        assert 400 <= info.value.http_status < 500
+        assert 400 <= http_status_of(info.value) < 500
     assert pool.to_dict() == before
     assert len(registry) == 0
-    assert registry.submit_scale_out({"num_replicas": 5 + 1}, pool, initial_count=4).request_id == "so-1"
+    assert registry.submit_scale_out(ScaleOutSpec(num_replicas=5 + 1), pool, initial_count=4).request_id == "so-1"
 
 
 # -- registry: one at a time ------------------------------------------------------------------------------
@@ -360,43 +393,43 @@ def test_rejections_change_nothing() -> None:
 def test_registry_ids_and_one_at_a_time_conflict_names_the_running_request() -> None:
     pool = make_pool(initial=4, elastic=2)
     registry = ScaleRequestRegistry(FakeClock())
-    first = registry.submit_scale_out({"num_replicas": 8}, pool, initial_count=4)
+    first = registry.submit_scale_out(ScaleOutSpec(num_replicas=8), pool, initial_count=4)
     assert isinstance(first, ScaleOutRequest)
     assert (first.request_id, first.status, first.target, first.to_create) == ("so-1", SO.PENDING, 8, 2)
     assert registry.running() is first
 
     with pytest.raises(ScaleConflict) as info:
-        registry.submit_scale_out({"num_replicas": 9}, pool, initial_count=4)
+        registry.submit_scale_out(ScaleOutSpec(num_replicas=9), pool, initial_count=4)
     conflict = info.value
-    assert conflict.http_status == 409 and conflict.running_request_id == "so-1"
+    assert http_status_of(conflict) == 409 and conflict.running_request_id == "so-1"
     assert conflict.to_dict()["running_request_id"] == "so-1"
     assert "so-1" in conflict.message and "/rollout/scale_out/so-1/cancel" in conflict.message
     with pytest.raises(ScaleConflict):
-        registry.submit_scale_in({"num_replicas": 4}, pool, initial_count=4)
+        registry.submit_scale_in(ScaleInSpec(num_replicas=4), pool, initial_count=4)
     with pytest.raises(ScaleConflict):  # even a target that looks met: another operation is running
-        registry.submit_scale_out({"num_replicas": 6}, pool, initial_count=4)
+        registry.submit_scale_out(ScaleOutSpec(num_replicas=6), pool, initial_count=4)
     # bad input is still reported as bad input, not as a conflict
     with pytest.raises(RejectedRequest):
-        registry.submit_scale_out({"num_replicas": 1}, pool, initial_count=4)
+        registry.submit_scale_out(ScaleOutSpec(num_replicas=1), pool, initial_count=4)
     # a dry run is allowed: it changes nothing
-    assert registry.submit_scale_in({"num_replicas": 4, "dry_run": True}, pool, initial_count=4).dry_run
+    assert registry.submit_scale_in(ScaleInSpec(num_replicas=4, dry_run=True), pool, initial_count=4).dry_run
     assert len(registry) == 1
 
     first.fail("placement timed out")  # terminal frees the slot
-    second = registry.submit_scale_in({"num_replicas": 5}, pool, initial_count=4)
+    second = registry.submit_scale_in(ScaleInSpec(num_replicas=5), pool, initial_count=4)
     assert isinstance(second, ScaleInRequest) and second.request_id == "si-1"
     assert second.victim_ids == ["engine_5"]
     with pytest.raises(ScaleConflict) as info:
-        registry.submit_scale_out({"num_replicas": 8}, pool, initial_count=4)
+        registry.submit_scale_out(ScaleOutSpec(num_replicas=8), pool, initial_count=4)
     assert info.value.running_request_id == "si-1" and "cannot be cancelled" in info.value.message
     for status in (SI.DRAINING, SI.REMOVING, SI.COMPLETED):
         second.advance(status)
-    assert registry.submit_scale_out({"num_replicas": 8}, pool, initial_count=4).request_id == "so-2"
+    assert registry.submit_scale_out(ScaleOutSpec(num_replicas=8), pool, initial_count=4).request_id == "so-2"
 
 
 def test_noop_is_not_registered() -> None:
     registry = ScaleRequestRegistry(FakeClock())
-    result = registry.submit_scale_out({"num_replicas": 4}, make_pool(), initial_count=4)
+    result = registry.submit_scale_out(ScaleOutSpec(num_replicas=4), make_pool(), initial_count=4)
     assert isinstance(result, Noop)
     assert len(registry) == 0 and registry.running() is None
 
@@ -407,11 +440,40 @@ def test_create_rejects_non_plans() -> None:
         registry.create(Noop(Direction.SCALE_OUT, "default", "met", 4))  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    "error",
+    [
+        ScaleConflict("so-3", "CREATING", "scale_out"),
+        UnknownModel("qwen"),
+        UnknownRequest("so-9", "scale_out"),
+        NotCancellable("si-1", "DRAINING", "never"),
+        RejectedRequest("num_replicas: no", field="num_replicas", code="below_initial"),
+    ],
+)
+def test_domain_errors_carry_no_http_status_and_survive_pickle(error: ScalingError) -> None:
+    assert not hasattr(error, "http_status") and not hasattr(type(error), "default_status")
+    assert not any("api_models" in cls.__module__ for cls in type(error).__mro__)
+    clone = pickle.loads(pickle.dumps(error))
+    assert type(clone) is type(error) and clone.__dict__ == error.__dict__ and str(clone) == str(error)
+    assert clone.to_dict() == error.to_dict() and set(error.to_dict()) >= {"detail", "field"}
+
+
+def test_rejected_request_keeps_its_code_and_illegal_transitions_pickle() -> None:
+    rejection = Rejection("below_initial", "num_replicas", "num_replicas: 2 is below", value=2)
+    error = rejection.to_error()
+    assert isinstance(error, RejectedRequest) and error.code == "below_initial" and error.field == "num_replicas"
+    assert error.to_dict() == {"detail": "num_replicas: 2 is below", "field": "num_replicas"}
+    bug = IllegalRequestTransition("so-1", SO.PENDING, SO.ACTIVE, "why")
+    clone = pickle.loads(pickle.dumps(bug))
+    assert str(clone) == str(bug) == "so-1: illegal transition PENDING -> ACTIVE (why)" and clone.dst is SO.ACTIVE
+
+
 def test_conflict_error_survives_pickle() -> None:
     err = ScaleConflict("so-3", "CREATING", "scale_out")
     clone = pickle.loads(pickle.dumps(err))
     assert isinstance(clone, ScaleConflict)
-    assert (clone.running_request_id, clone.http_status, str(clone)) == ("so-3", 409, str(err))
+    assert (clone.running_request_id, http_status_of(clone), str(clone)) == ("so-3", 409, str(err))
+    assert clone.to_dict() == err.to_dict() and (clone.running_status, clone.direction) == ("CREATING", "scale_out")
 
 
 # -- registry: lookup and listing ---------------------------------------------------------------------------
@@ -420,10 +482,10 @@ def test_conflict_error_survives_pickle() -> None:
 def _finished_registry() -> tuple[ScaleRequestRegistry, EnginePool]:
     pool = make_pool(initial=4, elastic=2)
     registry = ScaleRequestRegistry(FakeClock())
-    registry.submit_scale_out({"num_replicas": 7}, pool, initial_count=4).fail("boom")
-    req = registry.submit_scale_in({"num_replicas": 5}, pool, initial_count=4)
+    registry.submit_scale_out(ScaleOutSpec(num_replicas=7), pool, initial_count=4).fail("boom")
+    req = registry.submit_scale_in(ScaleInSpec(num_replicas=5), pool, initial_count=4)
     req.fail("shutdown failed")
-    registry.submit_scale_out({"engine_urls": ["http://ext:1"]}, pool, initial_count=4)
+    registry.submit_scale_out(ScaleOutSpec(engine_urls=("http://ext:1",)), pool, initial_count=4)
     return registry, pool
 
 
@@ -434,7 +496,7 @@ def test_get_and_unknown_ids_are_404() -> None:
     for request_id, direction in (("so-99", None), ("si-1", "scale_out"), ("so-1", "scale_in")):
         with pytest.raises(UnknownRequest) as info:
             registry.get(request_id, direction)
-        assert info.value.http_status == 404 and request_id in info.value.message
+        assert http_status_of(info.value) == 404 and request_id in info.value.message
 
 
 def test_list_is_newest_first_with_status_and_model_filters() -> None:
@@ -457,7 +519,7 @@ def test_list_is_newest_first_with_status_and_model_filters() -> None:
 def test_cancel_is_sticky_and_idempotent() -> None:
     pool = make_pool(initial=4)
     registry = ScaleRequestRegistry(FakeClock())
-    req = registry.submit_scale_out({"num_replicas": 6}, pool, initial_count=4)
+    req = registry.submit_scale_out(ScaleOutSpec(num_replicas=6), pool, initial_count=4)
     assert registry.cancel("so-1") is req
     assert req.cancel_requested and req.cancel_requested_at is not None
     stamp = req.cancel_requested_at
@@ -470,7 +532,7 @@ def test_cancel_is_sticky_and_idempotent() -> None:
     assert req.terminal and registry.running() is None
     with pytest.raises(NotCancellable) as info:
         registry.cancel("so-1")
-    assert info.value.http_status == 400 and "CANCELLED" in info.value.message
+    assert http_status_of(info.value) == 400 and "CANCELLED" in info.value.message
 
 
 def test_cancel_turns_a_failure_into_cancelled_and_keeps_the_error() -> None:
@@ -493,7 +555,7 @@ def test_cancel_of_finished_scale_in_and_unknown_requests() -> None:
 def test_rollback_candidates_are_this_requests_engines_not_yet_active() -> None:
     pool = make_pool(initial=4)
     registry = ScaleRequestRegistry(FakeClock())
-    req = registry.submit_scale_out({"num_replicas": 9}, pool, initial_count=4)
+    req = registry.submit_scale_out(ScaleOutSpec(num_replicas=9), pool, initial_count=4)
     ids = [pool.add(EngineKind.ELASTIC).engine_id for _ in range(5)]  # engine_4 .. engine_8
     for engine_id in ids:
         req.add_engine(engine_id)
@@ -551,11 +613,11 @@ def test_gc_keeps_the_newest_100_finished_requests_per_direction() -> None:
     pool = make_pool(initial=1)
     registry = ScaleRequestRegistry(FakeClock())
     for _ in range(130):
-        registry.submit_scale_out({"num_replicas": 2}, pool, initial_count=1).fail("x")
+        registry.submit_scale_out(ScaleOutSpec(num_replicas=2), pool, initial_count=1).fail("x")
     registry.submit_scale_in(
-        {"engine_urls": ["http://x:1"]}, make_pool(initial=1, external=("http://x:1",)), initial_count=1
+        ScaleInSpec(engine_urls=("http://x:1",)), make_pool(initial=1, external=("http://x:1",)), initial_count=1
     ).fail("y")
-    running = registry.submit_scale_out({"num_replicas": 2}, pool, initial_count=1)
+    running = registry.submit_scale_out(ScaleOutSpec(num_replicas=2), pool, initial_count=1)
     outs = registry.list_requests("scale_out")
     assert len(outs) == 101  # 100 finished + the running one
     assert outs[0] is running and outs[1].request_id == "so-130" and outs[-1].request_id == "so-31"
@@ -569,9 +631,9 @@ def test_gc_never_collects_running_requests_and_respects_keep() -> None:
     registry = ScaleRequestRegistry(FakeClock(), keep=2)
     pool = make_pool(initial=1)
     for _ in range(3):
-        registry.submit_scale_out({"num_replicas": 2}, pool, initial_count=1).fail("x")
+        registry.submit_scale_out(ScaleOutSpec(num_replicas=2), pool, initial_count=1).fail("x")
     assert [r.request_id for r in registry.list_requests()] == ["so-3", "so-2"]
-    running = registry.submit_scale_out({"num_replicas": 2}, pool, initial_count=1)
+    running = registry.submit_scale_out(ScaleOutSpec(num_replicas=2), pool, initial_count=1)
     assert registry.gc() == []
     assert registry.running() is running
     with pytest.raises(ValueError):
@@ -606,7 +668,7 @@ def test_scale_out_record_follows_its_engines_and_times_every_phase() -> None:
     clock = FakeClock()
     pool = make_pool(initial=4, clock=clock)
     registry = ScaleRequestRegistry(clock)
-    req = registry.submit_scale_out({"num_replicas": 6, "timeout_secs": 120}, pool, initial_count=4)
+    req = registry.submit_scale_out(ScaleOutSpec(num_replicas=6, timeout_secs=120), pool, initial_count=4)
     a, b = pool.add(EngineKind.ELASTIC), pool.add(EngineKind.ELASTIC)
     req.add_engine(a.engine_id)
     req.add_engine(b.engine_id)
@@ -656,16 +718,16 @@ def test_scale_out_record_follows_its_engines_and_times_every_phase() -> None:
 def test_deadline_uses_the_request_timeout_or_the_default() -> None:
     registry = ScaleRequestRegistry(FakeClock())
     pool = make_pool()
-    req = registry.submit_scale_out({"num_replicas": 5, "timeout_secs": 20}, pool, initial_count=4)
+    req = registry.submit_scale_out(ScaleOutSpec(num_replicas=5, timeout_secs=20), pool, initial_count=4)
     assert req.deadline(300.0) == req.created_at + 20.0
     req.fail("x")
-    other = registry.submit_scale_in({"num_replicas": 4}, make_pool(elastic=1), initial_count=4)
+    other = registry.submit_scale_in(ScaleInSpec(num_replicas=4), make_pool(elastic=1), initial_count=4)
     assert other.deadline(30.0) == other.created_at + 30.0
 
 
 def test_external_record_goes_through_connecting() -> None:
     registry = ScaleRequestRegistry(FakeClock())
-    req = registry.submit_scale_out({"engine_urls": ["http://ext:1"]}, make_pool(), initial_count=4)
+    req = registry.submit_scale_out(ScaleOutSpec(engine_urls=("http://ext:1",)), make_pool(), initial_count=4)
     assert req.kind is ScaleKind.EXTERNAL and req.urls == ("http://ext:1",)
     with pytest.raises(IllegalRequestTransition, match="external"):
         req.advance(SO.CREATING)
@@ -700,7 +762,7 @@ def test_scale_in_record_drain_and_removal_timings() -> None:
     pool = make_pool(initial=4, elastic=2, clock=clock)
     pool.set_in_flight("engine_5", 2)
     registry = ScaleRequestRegistry(clock)
-    req = registry.submit_scale_in({"num_replicas": 4, "force": True, "timeout_secs": 30}, pool, initial_count=4)
+    req = registry.submit_scale_in(ScaleInSpec(num_replicas=4, force=True, timeout_secs=30), pool, initial_count=4)
     assert req.victim_ids == ["engine_5", "engine_4"] and req.force
     with pytest.raises(IllegalRequestTransition):
         req.advance(SI.REMOVING)

@@ -1,4 +1,7 @@
-"""The staleness gate (DESIGN 8) and its blocked-time signal, on a hand-driven clock."""
+"""The staleness gate and its blocked-time signal, on a hand-driven clock.
+
+(docs/architecture.md, "Weights and staleness".)
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Prometheus metrics of the built-in engine, under the names SGLang exports (DESIGN 3.3).
+"""Prometheus metrics of the built-in engine, under the names SGLang exports (docs/architecture.md, "Engines").
 
 The autoscaler reads these names from real SGLang servers and from the built-in engine alike, so
 the built-in engine must report what really happens: gauges are refreshed from the scheduler's

@@ -1,4 +1,4 @@
-"""Request bodies of the engine HTTP contract (SGLang's native API, DESIGN 3.1), validated.
+"""Request bodies of the engine HTTP contract (SGLang's native API; docs/architecture.md, "Engines"), validated.
 
 Validation lives here so that a malformed request is answered with a 4xx naming the field
 before it can reach the generation loop. Unknown *sampling* keys are rejected (a typo such as

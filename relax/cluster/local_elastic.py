@@ -65,7 +65,8 @@ class ElasticClusterConfig:
     """Shape of the local elastic cluster.
 
     The head plays the *stable* node group: it declares the baseline GPUs plus the marker resources
-    ``{G}_gpu`` / ``{G}_cpu`` that Relax's baseline bundles and control-plane actors ask for (DESIGN §6).
+    ``{G}_gpu`` / ``{G}_cpu`` that Relax's baseline bundles and control-plane actors ask for
+    (docs/architecture.md, "Placement and eviction").
     The ``elastic`` worker type is what the autoscaler adds for pending placement groups and removes when idle.
     """
 

@@ -26,7 +26,7 @@ from rich.console import Console
 from relax.presets.tiny import TinyPreset
 
 T = TypeVar("T")
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 RAY_JOB = "scripts/entrypoint/ray-job.sh"
 TINY_RUN_SCRIPT = "examples/elastic_rollout/run-tiny-cpu-elastic-async.sh"
 TINY_AUTOSCALER = "examples/elastic_rollout/autoscaler-tiny.yaml"
@@ -143,13 +143,13 @@ class DemoError(RuntimeError):
 def _run_elastic_demo(workdir: Path, *, num_rollout: int, console: Console) -> int:
     from ray.job_submission import JobSubmissionClient
 
+    from relax.cluster.local_elastic import ElasticCluster, ElasticClusterConfig, read_status
     from relax.cluster.network import free_port
-    from relax.demo import ensure_preset
-    from relax.testing import ElasticCluster, ElasticClusterConfig, read_status
+    from relax.presets.ensure import ensure_preset
 
     workdir = workdir.resolve()
     workdir.mkdir(parents=True, exist_ok=True)
-    preset = ensure_preset(workdir)
+    preset = ensure_preset(workdir, console=console)
     console.print("[bold]2. local elastic Ray cluster[/]: head with 4 logical GPUs (stable markers), "
                   "up to 2 fake autoscaled 1-GPU nodes")
     # `ray job stop` waits this long for the SIGTERM'd driver to finish cleanly before it SIGKILLs (Ray: 3 s)

@@ -1,0 +1,111 @@
+"""`relax demo --local`: fully-asynchronous GRPO through the real entrypoint on an embedded Ray cluster.
+
+2 trainer ranks and 2 built-in engines on logical GPUs; prints where the metrics and the plot are.
+:func:`tiny_train_argv` (the recipe's flags sized for the tiny preset) also drives the end-to-end tests
+and benchmarks/async_speedup.py.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from relax.presets.ensure import ensure_preset
+from relax.presets.tiny import GRPO_DEFAULTS, TinyPreset
+
+
+def tiny_train_argv(
+    preset: TinyPreset,
+    out_dir: Path,
+    *,
+    num_rollout: int,
+    max_staleness: int = 1,
+    trainer_gpus: int = 2,
+    rollout_gpus: int = 2,
+    extra: tuple[str, ...] = (),
+) -> list[str]:
+    """The recipe's entrypoint and flags, sized for the tiny preset on a CPU machine (GRPO_DEFAULTS)."""
+    d = GRPO_DEFAULTS
+    batch = int(d["rollout_batch_size"]) * int(d["n_samples_per_prompt"])
+    return [
+        sys.executable,
+        "-m",
+        "relax.entrypoints.train",
+        "--fully-async",
+        "--resource",
+        f'{{"actor": [1, {trainer_gpus}], "rollout": [1, {rollout_gpus}]}}',
+        "--rollout-num-gpus-per-engine",
+        "1",
+        "--hf-checkpoint",
+        str(preset.model_dir),
+        "--prompt-data",
+        str(preset.train_path),
+        "--input-key",
+        "prompt",
+        "--label-key",
+        "label",
+        "--apply-chat-template",
+        "--rollout-shuffle",
+        "--rm-type",
+        "tiny",
+        "--num-rollout",
+        str(num_rollout),
+        "--rollout-batch-size",
+        str(d["rollout_batch_size"]),
+        "--n-samples-per-prompt",
+        str(d["n_samples_per_prompt"]),
+        "--rollout-max-response-len",
+        str(d["max_new_tokens"]),
+        "--rollout-temperature",
+        str(d["temperature"]),
+        "--global-batch-size",
+        str(batch),
+        "--lr",
+        str(d["lr"]),
+        "--adam-beta2",
+        "0.98",
+        "--eps-clip",
+        str(d["eps_clip"]),
+        "--eps-clip-high",
+        str(d["eps_clip_high"]),
+        "--use-tis",
+        "--calculate-per-token-loss",
+        "--max-staleness",
+        str(max_staleness),
+        "--output-dir",
+        str(out_dir),
+        *extra,
+    ]
+
+
+def run_training_demo(workdir: Path, *, num_rollout: int, console: Console | None = None) -> int:
+    console = console or Console()
+    workdir.mkdir(parents=True, exist_ok=True)
+    preset = ensure_preset(workdir, console=console)
+    out = workdir / "run"
+    argv = tiny_train_argv(
+        preset,
+        out,
+        num_rollout=num_rollout,
+        extra=(
+            "--eval-prompt-data",
+            "tiny",
+            str(preset.eval_path),
+            "--eval-interval",
+            str(num_rollout),
+            "--n-samples-per-eval-prompt",
+            "4",
+            "--save",
+            str(workdir / "checkpoints"),
+            "--save-interval",
+            str(num_rollout),
+        ),
+    )
+    console.print(
+        f"[bold]2. fully-async GRPO[/]: {num_rollout} steps, 2 trainer ranks + 2 engines on an embedded Ray cluster"
+    )
+    console.print("   " + " ".join(argv[1:]), style="dim", soft_wrap=True)
+    return subprocess.call(argv)

@@ -1,0 +1,105 @@
+"""The rollout pool's control API: what ``/rollout/*`` and the autoscaler ask of a run.
+
+One object answers for a run, whoever hosts it: the Ray :class:`~relax.rollout.manager.RolloutManager`
+delegates its remote methods here, and the in-process ``relax.testing.local_rollout.LocalRollout`` is this
+class over simulated engines. Answers are plain JSON-able values; a refusal is a typed error of
+``rollout.scaling`` (the REST layer maps it to a status code), never an envelope.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from relax.rollout.events import SCALE_EVENT_KINDS, EventLog
+from relax.rollout.executor import ScaleExecutor
+from relax.rollout.pool import EnginePool
+from relax.rollout.scaling import (
+    DEFAULT_MODEL,
+    RejectedRequest,
+    ScaleInSpec,
+    ScaleOutSpec,
+    check_model_name,
+    current_engine_count,
+)
+
+
+class RolloutControl:
+    """Views of the pool and the scale entry points of one run."""
+
+    def __init__(
+        self,
+        pool: EnginePool,
+        executor: ScaleExecutor,
+        events: EventLog,
+        *,
+        in_flight: Callable[[str], int] | None = None,
+    ) -> None:
+        self.pool = pool
+        self.executor = executor
+        self.events = events
+        self._in_flight = in_flight
+
+    # -- views ------------------------------------------------------------------------------------
+    def engines_view(self, model_name: str | None = None) -> dict[str, Any]:
+        """``GET /rollout/engines``: live engines with their lifecycle status; removed and failed are hidden."""
+        if model_name is not None:
+            check_model_name(model_name)
+        self._refresh_in_flight()
+        live = [r for r in self.pool.records() if not r.state.terminal]
+        view = [{"engine_id": r.engine_id, "url": r.url, "kind": r.kind.value, "status": r.state.value,
+                 "weight_version": r.weight_version, "in_flight": r.in_flight, "node_id": r.node_id} for r in live]
+        return {"models": {model_name or DEFAULT_MODEL: {"engines": view}}, "total_engines": len(view),
+                "active_engines": len(self.pool.active())}
+
+    def events_view(self, limit: int = 100, kind: str | None = None) -> dict[str, Any]:
+        """``GET /rollout/events``: newest first, optionally of one kind."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise RejectedRequest(f"limit: must be an integer >= 0, got {limit!r}", field="limit")
+        try:
+            return self.events.to_dict(limit, kind)
+        except ValueError as exc:
+            raise RejectedRequest(f"kind: {exc}", field="kind") from None
+
+    def status(self, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The pool part of ``relax_status`` (what ``/metrics`` and the autoscaler read), plus ``extra``."""
+        version = self.pool.min_active_weight_version()
+        counts = self.events.counts()
+        return {
+            "engines_by_state": {state.value: n for state, n in self.pool.counts().items()},
+            "active_engines": len(self.pool.active()),
+            "current_engines": current_engine_count(self.pool),
+            "engine_weight_version": -1 if version is None else version,
+            "scale_events_total": {k.value: counts[k.value] for k in SCALE_EVENT_KINDS if k.value in counts},
+            "initial_engines": self.executor.settings.initial_engines,
+            "scale_request_running": self.executor.running_request_id(),
+            **dict(extra or {}),
+        }
+
+    def _refresh_in_flight(self) -> None:
+        if self._in_flight is not None:
+            for record in self.pool.records():
+                self.pool.set_in_flight(record.engine_id, self._in_flight(record.engine_id))
+
+    # -- scaling ----------------------------------------------------------------------------------
+    def scale_out(self, spec: ScaleOutSpec) -> dict[str, Any]:
+        return self.executor.scale_out(spec)
+
+    def scale_in(self, spec: ScaleInSpec) -> dict[str, Any]:
+        return self.executor.scale_in(spec)
+
+    def list_scale_requests(self, direction: str, status: str | None = None,
+                            model_name: str | None = None) -> list[dict[str, Any]]:
+        return self.executor.list_requests(direction, status, model_name)
+
+    def get_scale_request(self, direction: str, request_id: str) -> dict[str, Any]:
+        return self.executor.get_request(direction, request_id)
+
+    def cancel_scale_out(self, request_id: str) -> dict[str, Any]:
+        return self.executor.cancel(request_id)
+
+    def cancel_scale_out_batch(self, status_filter: list[str] | None = None, dry_run: bool = False) -> dict[str, Any]:
+        return self.executor.cancel_batch(status_filter, dry_run)
+
+
+__all__ = ["RolloutControl"]

@@ -1,0 +1,479 @@
+"""The engine fleet: bring engines up, keep them healthy and current, take them out without losing work.
+
+This is the imperative shell around ``rollout.pool`` (engine states), ``rollout.router`` (who serves what,
+in-flight counts) and ``training.weights.WeightRegistry`` (published versions). Where an engine runs and
+how its process starts is the launcher's business (``rollout.launcher``), and talking to a running server
+goes through an HTTP client made by ``client_factory``; both are injected, so the fleet runs without Ray.
+
+Three guarantees are kept here, in one place each:
+
+* **No stale weights served.** An engine joins the router only once it holds the newest published
+  version (:meth:`bring_up`), and a publication that fails on an engine fails that engine.
+* **Nothing lost on the way out.** Every path that takes an engine out of service (scale-in, eviction,
+  rollback, failure) goes through :meth:`retire`: the engine leaves the router first, its in-flight requests
+  finish or are aborted (the dispatcher retries them elsewhere), then its process and placement go away.
+* **A slow engine is not a dead one.** A request that could not reach an engine fails it only when its
+  process is gone; a live process is failed only after repeated health-probe failures.
+
+Engine transitions are recorded by the pool's ``on_transition`` hook (see ``rollout.events``), not here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from relax.engines.client import EngineClient, EngineError
+from relax.rollout.events import EventKind, EventLog
+from relax.rollout.launcher import EngineLauncher, EngineSlot
+from relax.rollout.pool import EngineKind, EnginePool, EngineState
+from relax.rollout.router import Router
+from relax.training.weights import WeightRegistry
+
+log = logging.getLogger("relax.rollout")
+
+HEALTH_INTERVAL_S = 5.0
+HEALTH_TIMEOUT_S = 20.0
+HEALTH_FAILURES_BEFORE_FAILED = 3  # consecutive /health failures of a live process = hung
+
+
+class EngineHTTP(Protocol):
+    """The part of :class:`~relax.engines.client.EngineClient` the fleet uses."""
+
+    async def generate(self, **kwargs: Any) -> Any: ...
+
+    async def health_generate(self, *, timeout: float | None = None) -> Any: ...
+
+    async def is_healthy(self, *, generate: bool = False, timeout: float | None = None) -> bool: ...
+
+    async def get_weight_version(self) -> str: ...
+
+    async def update_weights_from_disk(self, model_path: str, weight_version: str) -> Any: ...
+
+    async def abort_request(self, rid: str | None = None, *, abort_all: bool = False) -> Any: ...
+
+    async def aclose(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class FleetSettings:
+    """Timeouts and sizes of the fleet (from the run's flags)."""
+
+    model_path: str = ""
+    gpus_per_engine: int = 1
+    request_timeout_s: float = 300.0
+    health_timeout_s: float = 120.0
+    drain_timeout_s: float = 30.0
+    shutdown_timeout_s: float = 30.0
+
+
+class EngineFleet:
+    """Owns every engine's process, client and slot; the pool owns their states."""
+
+    def __init__(
+        self,
+        pool: EnginePool,
+        router: Router,
+        events: EventLog,
+        weights: WeightRegistry,
+        launcher: EngineLauncher,
+        settings: FleetSettings,
+        *,
+        client_factory: Callable[[str, float], EngineHTTP] | None = None,
+        on_change: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.pool = pool
+        self.router = router
+        self.events = events
+        self.weights = weights
+        self.launcher = launcher
+        self.settings = settings
+        self._client_factory = client_factory or _http_client
+        self._on_change = on_change
+        self.routable = asyncio.Event()
+        self._slots: dict[str, EngineSlot] = {}
+        self._clients: dict[str, EngineHTTP] = {}
+        self._sync_locks: dict[str, asyncio.Lock] = {}
+        self._drain_events: dict[str, asyncio.Event] = {}
+        self._cancelled: set[str] = set()
+        self._background: set[asyncio.Task[Any]] = set()
+        self._sync_task: asyncio.Task[None] | None = None
+        self._health_task: asyncio.Task[None] | None = None
+        self._shutting_down = False
+
+    # ------------------------------------------------------------------ views
+    def client(self, engine_id: str) -> EngineHTTP:
+        return self._clients[engine_id]
+
+    def engine_version(self) -> int:
+        """The weight version every ACTIVE engine holds at least (-1 with none): what the staleness gate sees."""
+        version = self.pool.min_active_weight_version()
+        return -1 if version is None else version
+
+    async def engine_info(self, engine_id: str) -> Mapping[str, Any]:
+        return await self.launcher.info(engine_id)
+
+    # ------------------------------------------------------------------ bring-up
+    async def start_initial(self, bundles: list[tuple[Any, int]]) -> list[dict[str, Any]]:
+        """One engine per (placement group, bundle index), concurrently; all must come up."""
+        records = [self.pool.add(EngineKind.INITIAL, bundle=f"initial-{i}") for i in range(len(bundles))]
+        results = await asyncio.gather(
+            *(self.bring_up(r.engine_id, EngineSlot(pg, index)) for r, (pg, index) in zip(records, bundles,
+                                                                                           strict=True)),
+            return_exceptions=True,
+        )
+        failures = [(r.engine_id, res) for r, res in zip(records, results, strict=True)
+                    if isinstance(res, BaseException)]
+        if failures:
+            raise RuntimeError(
+                "initial engines failed to start: " + "; ".join(f"{eid}: {err}" for eid, err in failures)
+            )
+        if self._health_task is None:
+            self._health_task = asyncio.create_task(self._health_loop())
+        return [self.pool.get(r.engine_id).to_dict() for r in records]
+
+    async def bring_up(self, engine_id: str, slot: EngineSlot | None, url: str | None = None) -> None:
+        """STARTING → HEALTH_CHECKING → WEIGHT_SYNCING → ACTIVE; raises (engine FAILED) on any error.
+
+        With a slot the launcher starts the server inside it; with a url (external engine) the running
+        server is only checked.
+        """
+        try:
+            if url is None:
+                assert slot is not None
+                self._slots[engine_id] = slot
+                self.pool.transition(engine_id, EngineState.STARTING)
+                info = await self.launcher.start(engine_id, slot)
+                url = str(info["url"])
+                self.pool.set_node_id(engine_id, info.get("node_id"))
+            self.pool.set_url(engine_id, url)
+            if self.pool.get(engine_id).state is EngineState.PENDING:
+                self.pool.transition(engine_id, EngineState.STARTING)
+            self.pool.transition(engine_id, EngineState.HEALTH_CHECKING)
+            client = self._client_factory(url, self.settings.request_timeout_s)
+            self._clients[engine_id] = client
+            await client.health_generate(timeout=self.settings.health_timeout_s)
+            if self.pool.get(engine_id).kind is EngineKind.EXTERNAL:
+                self.pool.set_weight_version(engine_id, _version_or_zero(await client.get_weight_version()))
+            else:
+                self.pool.set_weight_version(engine_id, 0)
+            self.pool.transition(engine_id, EngineState.WEIGHT_SYNCING)
+            await self.sync_to_latest(engine_id)
+            self._check_cancelled(engine_id)
+            self.pool.transition(engine_id, EngineState.ACTIVE)
+        except BaseException as exc:
+            await self._cleanup_failed(engine_id, exc)
+            raise
+        self.router.add(engine_id)
+        self.routable.set()
+        self._on_change()
+        log.info("%s ACTIVE at %s (weights v%s)", engine_id, url, self.pool.get(engine_id).weight_version)
+
+    async def bring_up_elastic(self, engine_id: str, *, timeout_s: float, cancelled: Callable[[], bool]) -> None:
+        """A new placement (the provisioner's demand while pending), then bring-up; never raises.
+
+        The outcome is the engine's state in the pool; the scale executor decides what it means.
+        """
+        deadline = time.monotonic() + timeout_s
+        slot = self.launcher.reserve(engine_id, self.settings.gpus_per_engine)
+        self._slots[engine_id] = slot
+        placed = asyncio.ensure_future(self.launcher.wait_placed(slot))
+        try:
+            while not placed.done():  # wait for capacity, honouring cancel and the request's deadline
+                if cancelled() or engine_id in self._cancelled:
+                    raise asyncio.CancelledError("cancelled while its placement group was pending")
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"placement group not ready after {timeout_s:.0f}s: the cluster has no free "
+                                       "{GPU:1, CPU:1}; is the provisioner adding nodes?")
+                await asyncio.wait([placed], timeout=min(remaining, 1.0))
+            placed.result()
+            log.info("%s: placement group ready", engine_id)
+        except BaseException as exc:
+            placed.cancel()
+            await self._cleanup_failed(engine_id, exc)
+            return
+        with contextlib.suppress(BaseException):  # the failure is recorded on the engine
+            await asyncio.wait_for(self.bring_up(engine_id, slot), timeout=max(1.0, deadline - time.monotonic()))
+
+    async def attach_external(self, engine_id: str, url: str, *, timeout_s: float) -> None:
+        """Check a running server and join it; never raises (the outcome is the engine's state)."""
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(self.bring_up(engine_id, None, url=url), timeout=max(1.0, timeout_s))
+
+    def cancel(self, engine_ids: Iterable[str]) -> None:
+        """Sticky cancel: these engines never become ACTIVE (a bring-up in progress stops at its next phase)."""
+        self._cancelled.update(engine_ids)
+        self._on_change()
+
+    def _check_cancelled(self, engine_id: str) -> None:
+        if engine_id in self._cancelled:
+            raise asyncio.CancelledError(f"{engine_id}: its scale-out request was cancelled")
+
+    async def _cleanup_failed(self, engine_id: str, exc: BaseException) -> None:
+        record = self.pool.get(engine_id)
+        cancelled = engine_id in self._cancelled
+        reason = _describe_failure(exc, record.state)
+        if not record.state.terminal:
+            target = (EngineState.REMOVED if cancelled and record.state.can_transition_to(EngineState.REMOVED)
+                      else EngineState.FAILED)
+            self.pool.transition(engine_id, target, error=None if cancelled else reason)
+        if not cancelled:
+            log.warning("%s failed to come up: %s", engine_id, reason.splitlines()[0])
+        await self._release(engine_id, grace_s=5.0)
+
+    # ------------------------------------------------------------------ weights
+    def publish(self) -> None:
+        """A new version was registered: bring every ACTIVE engine to it in the background."""
+        if self._sync_task is None or self._sync_task.done():
+            self._sync_task = asyncio.create_task(self._sync_loop())
+
+    async def settle_weights(self) -> None:
+        """Wait for a publication in progress (a scale-in must not pull an engine out in mid-load)."""
+        if self._sync_task is not None and not self._sync_task.done():
+            with contextlib.suppress(Exception):
+                await self._sync_task
+
+    async def _sync_loop(self) -> None:
+        """Bring every ACTIVE engine to the latest version; newer versions published meanwhile win."""
+        while True:
+            latest = self.weights.latest()
+            behind = [r.engine_id for r in self.pool.active()
+                      if latest is not None and (r.weight_version or 0) < latest.version]
+            if latest is None or not behind:
+                return
+            began = time.monotonic()
+            results = await asyncio.gather(*(self.sync_to_latest(eid) for eid in behind), return_exceptions=True)
+            for eid, res in zip(behind, results, strict=True):
+                if isinstance(res, BaseException):
+                    await self.on_engine_failure(eid, res, confirmed=True)  # never serve stale weights
+            log.info("weights v%d on %d engine(s) in %.2fs", latest.version, len(behind), time.monotonic() - began)
+            self._on_change()
+
+    async def sync_to_latest(self, engine_id: str) -> None:
+        """Bring one engine to the newest published version (looping if a newer one lands meanwhile)."""
+        lock = self._sync_locks.setdefault(engine_id, asyncio.Lock())
+        async with lock:
+            while True:
+                latest = self.weights.latest()
+                record = self.pool.get(engine_id)
+                if latest is None or (record.weight_version or 0) >= latest.version:
+                    return
+                if record.kind is EngineKind.EXTERNAL:
+                    await self._sync_external(engine_id, latest)
+                else:
+                    await self.launcher.sync_weights(engine_id, latest.version, list(latest.bucket_refs))
+                self.pool.set_weight_version(engine_id, latest.version)
+
+    async def _sync_external(self, engine_id: str, latest: Any) -> None:
+        """External engines load from a directory this process writes: they must share its filesystem."""
+        from relax.training.weights import cleanup_old, default_weights_root, materialize
+
+        buckets = [await ref for ref in latest.bucket_refs]
+        root = default_weights_root(f"external-{engine_id}")
+        path = await asyncio.to_thread(materialize, buckets, self.settings.model_path, root / f"v{latest.version}")
+        await self._clients[engine_id].update_weights_from_disk(str(path), str(latest.version))
+        await asyncio.to_thread(cleanup_old, root, 1)
+
+    # ------------------------------------------------------------------ taking engines out
+    async def retire(
+        self,
+        engine_id: str,
+        *,
+        force: bool,
+        drain_timeout_s: float,
+        reason: str,
+        on_drained: Callable[[int], None] | None = None,
+    ) -> int:
+        """Drain (wait for in-flight requests), then remove. Returns how many requests were aborted and
+        retried elsewhere. Safe to call on an engine in any state."""
+        record = self.pool.get(engine_id)
+        if record.state.terminal:
+            return 0
+        if record.state is EngineState.ACTIVE:
+            self.router.remove(engine_id)
+            self.pool.transition(engine_id, EngineState.DRAINING)
+            self._on_change()
+            log.info("%s DRAINING (%s), %d request(s) in flight", engine_id, reason, self.router.in_flight(engine_id))
+        aborted = 0
+        if not force:
+            await self._wait_drained(engine_id, drain_timeout_s)
+        left = self.router.in_flight(engine_id)
+        if left:
+            aborted = left
+            client = self._clients.get(engine_id)
+            if client is not None:
+                with contextlib.suppress(EngineError):
+                    await client.abort_request(abort_all=True)
+            self.events.append(
+                EventKind.REQUESTS_RETRIED,
+                f"{left} in-flight request(s) aborted and retried on other engines ({reason})",
+                engine_ids=engine_id,
+            )
+            await self._wait_drained(engine_id, max(5.0, self.settings.request_timeout_s))
+        if on_drained is not None:  # drained (or aborted): the shutdown phase starts now
+            on_drained(aborted)
+        await self._release(engine_id, grace_s=self.settings.shutdown_timeout_s)
+        if not self.pool.get(engine_id).state.terminal:
+            self.pool.transition(engine_id, EngineState.REMOVED)
+        self._on_change()
+        log.info("%s REMOVED (%s; %d request(s) retried elsewhere)", engine_id, reason, aborted)
+        return aborted
+
+    async def _wait_drained(self, engine_id: str, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while not self.router.drained(engine_id):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            event = self._drain_events.setdefault(engine_id, asyncio.Event())
+            event.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(event.wait(), timeout=min(remaining, 1.0))
+        return True
+
+    def note_release(self, engine_id: str) -> None:
+        """Called after every router release: keeps the record's count and wakes a drain waiting on it."""
+        self.pool.set_in_flight(engine_id, self.router.in_flight(engine_id))
+        event = self._drain_events.get(engine_id)
+        if event is not None and self.router.drained(engine_id):
+            event.set()
+
+    async def _release(self, engine_id: str, *, grace_s: float) -> None:
+        """Stop the server, close the client, give back an owned placement group."""
+        await self.launcher.stop(engine_id, grace_s)
+        client = self._clients.pop(engine_id, None)
+        if client is not None:
+            await client.aclose()
+        slot = self._slots.get(engine_id)
+        if slot is not None:
+            self.launcher.release(slot)
+
+    # ------------------------------------------------------------------ failure and eviction
+    async def on_engine_failure(self, engine_id: str, exc: BaseException, *, confirmed: bool = False) -> None:
+        """Out of routing at once (its requests retry elsewhere); initial engines restart in their bundle.
+
+        A request that could not reach an engine is not proof that the engine died: under a burst a healthy
+        server can be slow to answer. Unless ``confirmed``, the engine is failed only when its process is
+        gone (or, for external engines, which Relax cannot look into, at once).
+        """
+        if self.pool.get(engine_id).state is not EngineState.ACTIVE:  # a draining engine is already leaving
+            return
+        if not confirmed and await self.launcher.is_alive(engine_id, HEALTH_TIMEOUT_S):
+            log.info("%s did not answer a request (%s) but its server runs: kept, the request is retried "
+                     "elsewhere", engine_id, _first_line(exc))
+            return
+        if self.pool.get(engine_id).state is not EngineState.ACTIVE:  # changed while we looked
+            return
+        self.router.remove(engine_id)
+        self.pool.transition(engine_id, EngineState.FAILED, error=str(exc)[:500])
+        self._on_change()
+        log.warning("%s failed (%s); out of routing, its requests are retried elsewhere", engine_id, _first_line(exc))
+        if not self.router.routable():
+            self.routable.clear()
+        self._spawn(self._after_failure(engine_id))
+
+    async def _after_failure(self, engine_id: str) -> None:
+        slot = self._slots.get(engine_id)
+        await self._release(engine_id, grace_s=2.0)
+        await self._replace_initial(engine_id, slot, "failed")
+
+    async def _replace_initial(self, engine_id: str, slot: EngineSlot | None, why: str) -> None:
+        """An initial engine that left is replaced in its own bundle (the pool never shrinks below them)."""
+        record = self.pool.get(engine_id)
+        if record.kind is not EngineKind.INITIAL or slot is None or self._shutting_down:
+            return
+        replacement = self.pool.add(EngineKind.INITIAL, bundle=record.bundle)
+        self.events.append(EventKind.ENGINE_RESTARTED, f"{replacement.engine_id} replaces {why} {engine_id}",
+                           engine_ids=(engine_id, replacement.engine_id))
+        log.warning("%s replaces %s initial engine %s in its own bundle", replacement.engine_id, why, engine_id)
+        try:
+            await self.bring_up(replacement.engine_id, EngineSlot(slot.placement_group, slot.bundle_index))
+        except Exception as exc:
+            log.error("restarting initial engine %s failed: %s", engine_id, _first_line(exc))
+
+    async def notify_eviction(self, engine_id: str) -> None:
+        """SIGTERM reached an EngineActor (node reclaimed): drain within the grace period, then remove."""
+        if engine_id not in self.pool or self.pool.get(engine_id).state.terminal:
+            return
+        record = self.pool.get(engine_id)
+        self.events.append(EventKind.ENGINE_EVICTED, "SIGTERM received: draining", engine_ids=engine_id)
+        log.warning("%s evicted (SIGTERM): draining for up to %.0fs", engine_id, self.settings.drain_timeout_s)
+        if record.state is EngineState.DRAINING:  # already leaving (scale-in): that path finishes the job
+            return
+        slot = self._slots.get(engine_id)
+        aborted = await self.retire(engine_id, force=False, drain_timeout_s=self.settings.drain_timeout_s,
+                                    reason="evicted")
+        self.events.append(EventKind.ENGINE_STATE, f"evicted engine removed ({aborted} request(s) retried)",
+                           engine_ids=engine_id)
+        await self._replace_initial(engine_id, slot, "evicted")
+
+    async def _health_loop(self) -> None:
+        """Probe ACTIVE engines; a dead or repeatedly unhealthy one is failed and its requests retried."""
+        failures: dict[str, int] = {}
+
+        async def probe(engine_id: str) -> None:
+            client = self._clients.get(engine_id)
+            if client is None:
+                return
+            if await self.launcher.is_alive(engine_id, HEALTH_TIMEOUT_S) is False:
+                await self.on_engine_failure(engine_id, RuntimeError("server process exited"), confirmed=True)
+                return
+            healthy = await client.is_healthy(generate=False, timeout=HEALTH_TIMEOUT_S)
+            failures[engine_id] = 0 if healthy else failures.get(engine_id, 0) + 1
+            if failures[engine_id] >= HEALTH_FAILURES_BEFORE_FAILED:  # alive but hung
+                await self.on_engine_failure(
+                    engine_id, RuntimeError(f"/health failed {failures[engine_id]} times in a row"), confirmed=True)
+
+        while not self._shutting_down:
+            await asyncio.sleep(HEALTH_INTERVAL_S)
+            await asyncio.gather(*(probe(r.engine_id) for r in self.pool.active()), return_exceptions=True)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def shutdown(self) -> None:
+        """Stop every engine (process, client, owned placement group) and every background task."""
+        self._shutting_down = True
+        for task in [self._sync_task, self._health_task, *self._background]:
+            if task is not None:
+                task.cancel()
+        await asyncio.gather(*(self._release(eid, grace_s=5.0) for eid in self.launcher.engine_ids()),
+                             return_exceptions=True)
+        for engine_id in list(self._slots):  # owned groups of engines whose process never started
+            self.launcher.release(self._slots[engine_id])
+        for client in list(self._clients.values()):
+            await client.aclose()
+        self._clients.clear()
+
+
+def _http_client(url: str, timeout: float) -> EngineClient:
+    return EngineClient(url, timeout=timeout)
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+def _describe_failure(exc: BaseException, state: EngineState) -> str:
+    """One operator-readable line; a bare timeout/cancellation says in which phase it struck."""
+    if isinstance(exc, asyncio.CancelledError | asyncio.TimeoutError | TimeoutError) and not str(exc):
+        return f"timed out while {state.value} (scale-out timeout reached)"
+    return (str(exc) or type(exc).__name__)[:500]
+
+
+def _version_or_zero(value: str) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 0
+
+
+__all__ = ["EngineFleet", "EngineHTTP", "FleetSettings"]

@@ -1,0 +1,197 @@
+"""The launcher port: where an engine runs and how its process starts and stops.
+
+The engine fleet (``rollout.fleet``) decides *when* an engine is placed, started, synced or stopped; this
+module is *how*. :class:`EngineLauncher` is the port, small on purpose, so that the fleet and the scale
+executor can be exercised without a cluster; :class:`RayEngineLauncher` is the one implementation that
+makes Ray calls for engines (placement groups and :class:`~relax.engines.actor.EngineActor`). Nothing
+else in ``relax.rollout`` touches Ray's engine APIs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+log = logging.getLogger("relax.rollout")
+
+ACTOR_START_ATTEMPTS = 2
+
+
+@dataclass
+class EngineSlot:
+    """Where an engine runs: a placement group and bundle, and whether Relax owns (and removes) that group.
+
+    Initial engines use bundles of the run's own group (never removed: a failed initial engine is replaced
+    in the same bundle); elastic engines get a group of their own, which is the resource demand a cluster
+    provisioner sees, and it goes away with them.
+    """
+
+    placement_group: Any | None
+    bundle_index: int = 0
+    owns_group: bool = False
+
+
+class EngineLauncher(Protocol):
+    """What the fleet needs from the platform, one engine at a time (keyed by engine id)."""
+
+    def reserve(self, engine_id: str, gpus: int) -> EngineSlot:
+        """Ask for a new placement (non-blocking); :meth:`wait_placed` waits for the capacity."""
+        ...
+
+    async def wait_placed(self, slot: EngineSlot) -> None:
+        """Return once the slot's resources are granted (may wait for a node to be provisioned)."""
+        ...
+
+    async def start(self, engine_id: str, slot: EngineSlot) -> Mapping[str, Any]:
+        """Start the engine's server in ``slot`` and wait until it answers; ``{"url", "node_id", ...}``."""
+        ...
+
+    async def sync_weights(self, engine_id: str, version: int, bucket_refs: list[Any]) -> None:
+        """Load weight version ``version`` (bucketed object-store refs) into the engine."""
+        ...
+
+    async def is_alive(self, engine_id: str, timeout_s: float) -> bool | None:
+        """Whether the engine's server process runs; ``None`` when the launcher does not own it."""
+        ...
+
+    async def info(self, engine_id: str) -> Mapping[str, Any]:
+        """Launch facts (url, node, pids) for operators and tests; empty when unknown."""
+        ...
+
+    async def stop(self, engine_id: str, grace_s: float) -> None:
+        """Stop the server (graceful for ``grace_s``, then killed) and forget the engine."""
+        ...
+
+    def release(self, slot: EngineSlot) -> None:
+        """Give back a placement the launcher reserved (no-op for groups Relax does not own)."""
+        ...
+
+    def engine_ids(self) -> list[str]:
+        """Engines with a running (or starting) process."""
+        ...
+
+
+@dataclass
+class RayEngineLauncher:
+    """:class:`EngineLauncher` on Ray: one PACK placement group per elastic engine, one EngineActor each.
+
+    ``spawn_kwargs`` are the EngineActor's settings shared by every engine of the run (backend options,
+    host, log directory, environment, the eviction callback).
+    """
+
+    backend: str
+    model_path: str
+    spawn_kwargs: dict[str, Any] = field(default_factory=dict)
+    _actors: dict[str, Any] = field(default_factory=dict)
+
+    def reserve(self, engine_id: str, gpus: int) -> EngineSlot:
+        from ray.util.placement_group import placement_group
+
+        bundles = [{"GPU": 1, "CPU": 1} for _ in range(gpus)]
+        return EngineSlot(placement_group(bundles, strategy="PACK", name=f"relax-{engine_id}"), 0, owns_group=True)
+
+    async def wait_placed(self, slot: EngineSlot) -> None:
+        assert slot.placement_group is not None
+        await slot.placement_group.ready()
+
+    async def start(self, engine_id: str, slot: EngineSlot) -> Mapping[str, Any]:
+        import ray
+
+        from relax.engines.actor import spawn_engine_actor
+
+        for attempt in range(1, ACTOR_START_ATTEMPTS + 1):
+            actor = spawn_engine_actor(
+                engine_id,
+                self.backend,
+                self.model_path,
+                placement_group=slot.placement_group,
+                bundle_index=slot.bundle_index,
+                num_gpus=1,
+                num_cpus=1,
+                weight_version=0,
+                **self.spawn_kwargs,
+            )
+            self._actors[engine_id] = actor
+            try:
+                return await actor.start.remote()
+            except ray.exceptions.RayActorError as exc:
+                # The actor's *process* died (a node under pressure, a library that failed to load): worth
+                # one more try in the same bundle. A server that fails to start is not (ServerLaunchError).
+                if attempt == ACTOR_START_ATTEMPTS:
+                    raise
+                log.warning("%s: engine actor died while starting (%s); retrying in the same bundle", engine_id,
+                            str(exc).splitlines()[0])
+                with contextlib.suppress(Exception):
+                    ray.kill(actor, no_restart=True)
+        raise AssertionError("unreachable")
+
+    async def sync_weights(self, engine_id: str, version: int, bucket_refs: list[Any]) -> None:
+        await self._actors[engine_id].sync_weights.remote(version, list(bucket_refs))
+
+    async def is_alive(self, engine_id: str, timeout_s: float) -> bool | None:
+        actor = self._actors.get(engine_id)
+        if actor is None:
+            return None
+        try:
+            return bool(await asyncio.wait_for(_await(actor.is_alive.remote()), timeout=timeout_s))
+        except Exception:  # the actor itself is gone or stuck
+            return False
+
+    async def info(self, engine_id: str) -> Mapping[str, Any]:
+        actor = self._actors.get(engine_id)
+        return {} if actor is None else (await actor.info.remote()) or {}
+
+    async def stop(self, engine_id: str, grace_s: float) -> None:
+        import ray
+
+        actor = self._actors.pop(engine_id, None)
+        if actor is None:
+            return
+        try:
+            await asyncio.wait_for(_await(actor.shutdown.remote(grace_s)), timeout=grace_s + 10)
+        except Exception as exc:  # dead or stuck actor: killing it below is the fallback
+            log.info("%s: shutdown: %s", engine_id, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        with contextlib.suppress(Exception):
+            ray.kill(actor, no_restart=True)
+
+    def release(self, slot: EngineSlot) -> None:
+        if not slot.owns_group or slot.placement_group is None:
+            return
+        from ray.util.placement_group import remove_placement_group
+
+        with contextlib.suppress(Exception):
+            remove_placement_group(slot.placement_group)
+        slot.placement_group = None
+
+    def engine_ids(self) -> list[str]:
+        return list(self._actors)
+
+
+async def _await(ref: Any) -> Any:
+    return await ref
+
+
+def resolve_backend(backend: str) -> str:
+    """`auto` = SGLang when it is installed here (looked up, never imported), else the built-in engine."""
+    if backend != "auto":
+        return backend
+    import importlib.util
+
+    return "sglang" if importlib.util.find_spec("sglang") is not None else "builtin"
+
+
+def resolve_engine_host(host: str) -> str:
+    """`auto` = loopback while every Ray node shares one address (one machine), else the node's IP."""
+    if host != "auto":
+        return host
+    import ray
+
+    addresses = {n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive")}
+    return "127.0.0.1" if len(addresses) <= 1 else "node"
+
+
+__all__ = ["EngineLauncher", "EngineSlot", "RayEngineLauncher", "resolve_backend", "resolve_engine_host"]

@@ -1,0 +1,213 @@
+"""LocalRollout: a run's control API in-process, with the real executor and simulated engines.
+
+Real rules, fake engines: requests go through the real :class:`~relax.rollout.executor.ScaleExecutor`
+(planners, registry, partial-success policy, sticky cancel, drains) and the real
+:class:`~relax.rollout.pool.EnginePool` lifecycle, exactly as in the RolloutManager; only the work of each
+engine phase (placement, process start, health, weight sync, drain, shutdown) is a pause of
+``step_delay_s``. ``paused`` freezes every engine between two phases, which is how a test holds a scale
+operation open to see a 409 or a cancel. URLs in ``unreachable_urls`` fail their health check.
+
+For tests, the CLI tests and trying ``relax-client`` without a cluster; use it (and :meth:`aclose` it) on
+one event loop: the one serving the app.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from relax.config.flags import PartialSuccessPolicy
+from relax.rollout.control import RolloutControl
+from relax.rollout.events import EventLog, transition_recorder
+from relax.rollout.executor import ScaleExecutor, ScalingSettings
+from relax.rollout.pool import EngineKind, EnginePool, EngineRecord, EngineState
+from relax.rollout.scaling import ScaleInSpec, ScaleOutSpec, ScaleRequestRegistry
+
+_BRING_UP = (EngineState.STARTING, EngineState.HEALTH_CHECKING, EngineState.WEIGHT_SYNCING, EngineState.ACTIVE)
+
+
+class SteppedFleet:
+    """A :class:`~relax.rollout.executor.ScaleFleet` whose engines take one ``step_delay_s`` per phase."""
+
+    def __init__(self, pool: EnginePool, *, step_delay_s: float = 0.0, unreachable_urls: Iterable[str] = (),
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.pool = pool
+        self.step_delay_s = step_delay_s
+        self.unreachable_urls = set(unreachable_urls)
+        self.paused = False
+        self._clock = clock
+        self._cancelled: set[str] = set()
+
+    def start_initial(self, count: int) -> None:
+        for _ in range(count):
+            record = self.pool.add(EngineKind.INITIAL, bundle="initial")
+            self._assign_address(record)
+            for state in _BRING_UP:
+                self._advance(record.engine_id, state)
+
+    async def bring_up_elastic(self, engine_id: str, *, timeout_s: float, cancelled: Callable[[], bool]) -> None:
+        await self._bring_up(engine_id, timeout_s, cancelled)
+
+    async def attach_external(self, engine_id: str, url: str, *, timeout_s: float) -> None:
+        await self._bring_up(engine_id, timeout_s, lambda: False)
+
+    async def _bring_up(self, engine_id: str, timeout_s: float, cancelled: Callable[[], bool]) -> None:
+        deadline = self._clock() + timeout_s
+        for state in _BRING_UP:
+            await self._phase()
+            record = self.pool.get(engine_id)
+            if record.state.terminal:
+                return
+            if cancelled() or engine_id in self._cancelled:
+                self.pool.transition(engine_id, EngineState.REMOVED)
+                return
+            if self._clock() > deadline:
+                self.pool.transition(engine_id, EngineState.FAILED, error="scale-out timed out")
+                return
+            if state is EngineState.HEALTH_CHECKING and record.url in self.unreachable_urls:
+                self.pool.transition(engine_id, EngineState.FAILED, error=f"{record.url}: connection refused")
+                return
+            if state is EngineState.STARTING:
+                self._assign_address(record)
+            self._advance(engine_id, state)
+
+    def cancel(self, engine_ids: Iterable[str]) -> None:
+        self._cancelled.update(engine_ids)
+
+    async def retire(self, engine_id: str, *, force: bool, drain_timeout_s: float, reason: str,
+                     on_drained: Callable[[int], None] | None = None) -> int:
+        record = self.pool.get(engine_id)
+        if record.state.terminal:
+            return 0
+        if record.state is EngineState.ACTIVE:
+            await self._phase()
+            self.pool.transition(engine_id, EngineState.DRAINING)
+        await self._phase()
+        if on_drained is not None:
+            on_drained(0)
+        await self._phase()
+        if not self.pool.get(engine_id).state.terminal:
+            self.pool.transition(engine_id, EngineState.REMOVED)
+        return 0
+
+    async def settle_weights(self) -> None:
+        return None
+
+    def _assign_address(self, record: EngineRecord) -> None:
+        if record.url is None:
+            self.pool.set_url(record.engine_id, f"http://127.0.0.1:{30000 + record.number}")
+        group = "stable" if record.kind is EngineKind.INITIAL else "elastic"
+        self.pool.set_node_id(record.engine_id, f"node-{group}-{record.number}")
+
+    def _advance(self, engine_id: str, state: EngineState) -> None:
+        if state is EngineState.ACTIVE:
+            self.pool.set_weight_version(engine_id, 0)
+        self.pool.transition(engine_id, state)
+
+    async def _phase(self) -> None:
+        await asyncio.sleep(self.step_delay_s)
+        while self.paused:
+            await asyncio.sleep(0.01)
+
+
+class LocalRollout:
+    """The rollout manager's control API over :class:`SteppedFleet` (same methods, same answers, same errors)."""
+
+    def __init__(
+        self,
+        initial_engines: int = 2,
+        *,
+        step_delay_s: float = 0.0,
+        partial_success_policy: PartialSuccessPolicy | str = PartialSuccessPolicy.ROLLBACK_ALL,
+        scale_out_timeout_s: float = 300.0,
+        max_engines: int | None = None,
+        unreachable_urls: Iterable[str] = (),
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.event_log = EventLog(clock)
+        self.pool = EnginePool(clock, on_transition=transition_recorder(self.event_log))
+        self.fleet = SteppedFleet(self.pool, step_delay_s=step_delay_s, unreachable_urls=unreachable_urls,
+                                  clock=clock)
+        self.executor = ScaleExecutor(
+            self.pool, self.fleet, self.event_log,
+            ScalingSettings(initial_engines=initial_engines, max_engines=max_engines,
+                            scale_out_timeout_s=scale_out_timeout_s, partial_success_policy=partial_success_policy),
+            clock=clock, timer=clock,
+        )
+        self.control = RolloutControl(self.pool, self.executor, self.event_log)
+        self.training: dict[str, Any] = {
+            "training_step": 0,
+            "num_rollout": 0,
+            "rollout_tokens_per_s": 0.0,
+            "staleness_mean": 0.0,
+            "trainer_wait_fraction": 0.0,
+            "staleness_blocked_fraction": 0.0,
+        }
+        self.fleet.start_initial(initial_engines)
+
+    # -- knobs for tests ----------------------------------------------------------------------------
+    @property
+    def registry(self) -> ScaleRequestRegistry:
+        return self.executor.registry
+
+    @property
+    def initial_count(self) -> int:
+        return self.executor.settings.initial_engines
+
+    @property
+    def paused(self) -> bool:
+        return self.fleet.paused
+
+    @paused.setter
+    def paused(self, value: bool) -> None:
+        self.fleet.paused = value
+
+    @property
+    def unreachable_urls(self) -> set[str]:
+        return self.fleet.unreachable_urls
+
+    async def wait_idle(self, timeout_s: float = 10.0) -> None:
+        """Wait until no scale request is running."""
+        await self.executor.wait_idle(timeout_s)
+
+    async def aclose(self) -> None:
+        """Stop the simulated work of running requests (they stay where they are)."""
+        await self.executor.aclose()
+
+    # -- the control API ----------------------------------------------------------------------------
+    async def engines_view(self, model_name: str | None = None) -> dict[str, Any]:
+        return self.control.engines_view(model_name)
+
+    async def engine_urls(self) -> dict[str, str]:
+        return {r.engine_id: r.url for r in self.pool.active() if r.url}
+
+    async def events(self, limit: int = 100, kind: str | None = None) -> dict[str, Any]:
+        return self.control.events_view(limit, kind)
+
+    async def relax_status(self) -> dict[str, Any]:
+        return self.control.status(self.training)
+
+    async def scale_out(self, spec: ScaleOutSpec) -> dict[str, Any]:
+        return self.control.scale_out(spec)
+
+    async def scale_in(self, spec: ScaleInSpec) -> dict[str, Any]:
+        return self.control.scale_in(spec)
+
+    async def list_scale_requests(self, direction: str, status: str | None = None,
+                                  model_name: str | None = None) -> list[dict[str, Any]]:
+        return self.control.list_scale_requests(direction, status, model_name)
+
+    async def get_scale_request(self, direction: str, request_id: str) -> dict[str, Any]:
+        return self.control.get_scale_request(direction, request_id)
+
+    async def cancel_scale_out(self, request_id: str) -> dict[str, Any]:
+        return self.control.cancel_scale_out(request_id)
+
+    async def cancel_scale_out_batch(self, status_filter: list[str] | None = None,
+                                     dry_run: bool = False) -> dict[str, Any]:
+        return self.control.cancel_scale_out_batch(status_filter, dry_run)
+
+
+__all__ = ["LocalRollout", "SteppedFleet"]
