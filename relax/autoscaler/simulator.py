@@ -10,24 +10,23 @@ SGLang-like buckets), every ``metrics_interval_secs`` they go through the real `
 ``MetricsHistory``, and every ``evaluation_interval_secs`` the real ``AutoscalerPolicy.evaluate`` decides,
 with a ``PoolView`` and ``record_action`` exactly as the service calls them. Only the world is modelled:
 
-* **Engines** (``EngineModel``). Continuous batching as processor sharing: the running requests share
-  the engine's decode throughput equally, each capped at its single-stream speed, so throughput grows
-  with the batch until the engine saturates. A request is admitted while the batch has a free slot and
-  the KV pool can *reserve* its prompt plus output tokens (``token_usage`` reports that reservation, as
-  SGLang's scheduler counts allocated tokens); otherwise it waits in the engine's queue (FIFO). Queue time
-  is observed at admission, TTFT = queue time + prefill + one decode step, e2e at completion.
-  ``gen_throughput`` is tokens over the last few seconds, so it falls to zero when the engine idles.
-* **Router** (DESIGN 3.5). Each arriving request goes to the ACTIVE engine with the fewest requests in
-  flight (ties: the lowest engine number); with no ACTIVE engine it waits in the router.
-* **Scale-out** (DESIGN 4): every new engine waits for placement (a node being provisioned), starts and
-  syncs weights (``StartupDelays``, seeded jitter) before it is ACTIVE and routable. The request is pending
-  until all its engines are ACTIVE; past ``scale_out_request_timeout_secs`` the rest are rolled back and an
-  all-failed request is reported to the policy as rejected.
-* **Scale-in** removes elastic engines only, newest first. A victim leaves the router, finishes what it
-  has in flight (a real drain) or, after ``drain_timeout_secs``, aborts it and the leftovers are retried on
-  other engines; then it shuts down. One scale request at a time.
+* **Engines** (``relax.autoscaler.sim_engine``): continuous batching as processor sharing, a KV
+  budget reserved per request, FIFO queues, and the metrics SGLang exports (``EngineMetrics``).
+* **Router** (docs/architecture.md, "Router"). Each arriving request goes to the ACTIVE engine with the
+  fewest requests in flight (ties: the lowest engine number); with no ACTIVE engine it waits in the router.
+* **Scale requests are not modelled: they are carried out by the real executor.** A decision becomes a
+  ``ScaleOutSpec`` / ``ScaleInSpec`` handed to :class:`~relax.rollout.executor.ScaleExecutor` -- the class
+  the Ray rollout manager runs -- over a :class:`SimulatedFleet`, on an event loop whose clock is the
+  simulation's (``virtual_clock``). So the planners (absolute targets, the initial-engine floor, victims
+  newest-elastic-first), one request at a time, the request timeout and the partial-success policy
+  (``SimulationSettings.partial_success_policy``, ``rollback_all`` by default as in a run) are the real
+  ones. Only the engines' work is modelled: every new engine waits for placement (a node being
+  provisioned), starts and syncs weights (``StartupDelays``, seeded jitter) before it is ACTIVE and
+  routable; a victim leaves the router, finishes what it has in flight (a real drain) or, after
+  ``drain_timeout_secs``, aborts it and the leftovers are retried on other engines; then it shuts down. A
+  request that ends FAILED or CANCELLED is reported to the policy as rejected, as the service does.
 * **Arrivals** are Poisson with the trace's rate, in GRPO groups of ``group_size`` samples of one prompt
-  that the router keeps on one engine (DESIGN 3.5); output lengths are uniform around the trace's mean.
+  that the router keeps on one engine; output lengths are uniform around the trace's mean.
   Everything random comes from ``numpy`` generators seeded by ``SimulationSettings.seed`` (arrivals and
   start-up jitter on separate streams, so every policy sees the same requests), and time is the
   simulation's own clock (injected into the policy), so a run is exactly reproducible.
@@ -71,33 +70,51 @@ nothing there).
 
 from __future__ import annotations
 
-import bisect
-import heapq
+import asyncio
 import math
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any
 
 import numpy as np
 
-from relax.autoscaler.config import AutoscalerConfig, AutoscalerConfigError
-from relax.autoscaler.metrics import EngineMetrics, Histogram, MetricsHistory
+from relax.autoscaler.metrics import MetricsHistory
 from relax.autoscaler.policy import AutoscalerPolicy, Decision, PoolView, ScaleAction
+from relax.autoscaler.sim_engine import EngineModel, SimEngine, SimRequest
+from relax.autoscaler.sim_policies import (
+    RECIPE_BOUNDS,
+    RELAX_TUNED,
+    PolicyError,
+    PolicyKind,
+    PolicySpec,
+    parse_policy,
+    relax_defaults_config,
+    relax_tuned_config,
+)
 from relax.autoscaler.traces import Phase, Trace
-from relax.engines.builtin.metrics import LATENCY_BUCKETS
+from relax.autoscaler.virtual_clock import run_virtual
+from relax.config.flags import PartialSuccessPolicy
+from relax.rollout.events import EventLog
+from relax.rollout.executor import ScaleExecutor, ScalingSettings
+from relax.rollout.pool import EngineKind, EnginePool, EngineState
+from relax.rollout.scaling import (
+    FAILED_STATUSES,
+    ScaleInSpec,
+    ScaleOutSpec,
+    ScalingError,
+)
 
 __all__ = [
     "RECIPE_BOUNDS",
     "RELAX_TUNED",
     "EngineModel",
-    "EngineState",
     "PolicyError",
     "PolicyKind",
     "PolicySpec",
     "ScaleRecord",
     "SimulationResult",
+    "SimulatedFleet",
     "SimulationSettings",
     "StartupDelays",
     "count_reversals",
@@ -107,124 +124,11 @@ __all__ = [
     "simulate",
 ]
 
-RECIPE_BOUNDS = (4, 8)
-"""The seed recipe's pool bounds (``examples/elastic_rollout/autoscaler.yaml``): the simulator's default."""
-
-RELAX_TUNED: dict[str, Any] = {
-    "metrics_interval_secs": 5.0,
-    "evaluation_interval_secs": 10.0,
-    "scale_in_cooldown_secs": 120.0,
-    "scale_out_policy": {"condition_duration_secs": 20.0, "token_usage_threshold": 1.0},
-    "scale_in_policy": {"throughput_variance_threshold": 0.25},
-}
-"""The ``relax`` policy: a patch over ``AutoscalerConfig`` defaults (why: see the module docstring)."""
-
 _EPS = 1e-9
-
-
-class PolicyError(ValueError):
-    """A ``--policy`` that cannot be understood; the message is one line."""
-
-
-class PolicyKind(str, Enum):
-    """``--policy`` families: the tuned autoscaler, the documented defaults, or a fixed pool (no autoscaler)."""
-
-    RELAX = "relax"
-    RELAX_DEFAULTS = "relax-defaults"
-    STATIC = "static"
-
-
-@dataclass(frozen=True)
-class PolicySpec:
-    """What drives the pool: the autoscaler with ``config``, or ``static_engines`` fixed engines."""
-
-    kind: PolicyKind
-    config: AutoscalerConfig
-    static_engines: int | None = None
-
-    @property
-    def label(self) -> str:
-        return f"static:{self.static_engines}" if self.kind is PolicyKind.STATIC else self.kind.value
-
-
-def relax_defaults_config(bounds: tuple[int, int] = RECIPE_BOUNDS) -> AutoscalerConfig:
-    """``AutoscalerConfig``'s documented defaults, enabled, with the recipe's bounds."""
-    return AutoscalerConfig(enabled=True, min_engines=bounds[0], max_engines=bounds[1])
-
-
-def relax_tuned_config(bounds: tuple[int, int] = RECIPE_BOUNDS) -> AutoscalerConfig:
-    """The ``relax`` policy's config: the defaults patched with ``RELAX_TUNED``."""
-    return relax_defaults_config(bounds).patch(RELAX_TUNED)
-
-
-def parse_policy(text: str, user_config: AutoscalerConfig | None = None) -> PolicySpec:
-    """``relax`` | ``relax-defaults`` | ``static:N`` | ``static:min`` | ``static:max`` -> a ``PolicySpec``.
-
-    ``user_config`` (``--config YAML``) is what the real autoscaler would run from that file, so for
-    ``relax-defaults`` it is used as is; for ``relax`` only the keys the file sets are laid over the tuned
-    settings; for ``static:min|max`` it gives the bounds. The simulator always enables the autoscaler:
-    ``static:N`` is how to simulate it switched off.
-    """
-    spec = text.strip().lower()
-    if spec == PolicyKind.RELAX.value:
-        config = relax_tuned_config()
-        if user_config is not None:
-            try:
-                config = config.patch(user_config.model_dump(exclude_unset=True))
-            except AutoscalerConfigError as error:
-                reason = str(error).removeprefix("config patch: ")
-                raise PolicyError(
-                    f"--config laid over the relax policy's tuned settings gives a bad config: {reason} "
-                    "(set the related key too, or use --policy relax-defaults to run the file as is)"
-                ) from None
-        return PolicySpec(PolicyKind.RELAX, config.patch({"enabled": True}))
-    if spec == PolicyKind.RELAX_DEFAULTS.value:
-        config = user_config if user_config is not None else relax_defaults_config()
-        return PolicySpec(PolicyKind.RELAX_DEFAULTS, config.patch({"enabled": True}))
-    if spec.startswith("static:"):
-        bounds_from = user_config if user_config is not None else relax_defaults_config()
-        value = spec.split(":", 1)[1].strip()
-        if value == "min":
-            engines = bounds_from.min_engines
-        elif value == "max":
-            engines = bounds_from.max_engines
-        else:
-            try:
-                engines = int(value)
-            except ValueError:
-                raise PolicyError(f"--policy {text}: N in static:N must be a whole number of engines") from None
-            if engines < 1:
-                raise PolicyError(f"--policy {text}: static:N needs at least 1 engine")
-        return PolicySpec(PolicyKind.STATIC, bounds_from, engines)
-    raise PolicyError(f"unknown --policy {text!r}; choose relax, relax-defaults, static:N, static:min or static:max")
 
 
 # --------------------------------------------------------------------------------------------------
 # The modelled world
-
-
-@dataclass(frozen=True)
-class EngineModel:
-    """One engine's serving capacity. Defaults: a 4B model on one modern GPU, in round numbers.
-
-    Saturated, an engine generates ``max_tokens_per_sec``; that is about 4 requests/s of 1500-token
-    answers, the unit the built-in traces are sized in.
-    """
-
-    max_tokens_per_sec: float = 6000.0
-    tokens_per_sec_per_request: float = 80.0
-    """Single-stream decode speed: a lone request is no faster than this however idle the engine."""
-    max_running_requests: int = 256
-    max_total_tokens: int = 300_000
-    """KV pool size in tokens (``sglang:max_total_num_tokens``)."""
-    prompt_tokens: int = 300
-    prefill_tokens_per_sec: float = 30_000.0
-    throughput_window_secs: float = 5.0
-    """``gen_throughput`` is tokens generated over this trailing window, per second."""
-
-    def requests_per_sec(self, tokens_per_request: float) -> float:
-        """Saturated capacity in requests/s for answers of ``tokens_per_request`` tokens."""
-        return self.max_tokens_per_sec / tokens_per_request
 
 
 @dataclass(frozen=True)
@@ -272,6 +176,8 @@ class SimulationSettings:
     """Engines at t=0 for the autoscaler policies; ``None`` = ``min_engines``."""
     duration_secs: float | None = None
     """Simulate this long instead of the trace's duration (the trace holds its last rate)."""
+    partial_success_policy: PartialSuccessPolicy = PartialSuccessPolicy.ROLLBACK_ALL
+    """What a scale-out whose engines did not all come up in time keeps (``--scale-out-partial-success-policy``)."""
 
     def __post_init__(self) -> None:
         if self.dt_secs <= 0:
@@ -282,160 +188,9 @@ class SimulationSettings:
             raise ValueError(f"token_spread must be in [0, 1), got {self.token_spread}")
 
 
-class EngineState(str, Enum):
-    """The engine lifecycle of DESIGN 3.4 (health checking is folded into starting)."""
-
-    PENDING = "PENDING"
-    STARTING = "STARTING"
-    WEIGHT_SYNCING = "WEIGHT_SYNCING"
-    ACTIVE = "ACTIVE"
-    DRAINING = "DRAINING"
-    STOPPING = "STOPPING"
-    REMOVED = "REMOVED"
-
-
-_HOLDS_GPU = frozenset({EngineState.STARTING, EngineState.WEIGHT_SYNCING, EngineState.ACTIVE,
-                        EngineState.DRAINING, EngineState.STOPPING})
+_HOLDS_GPU = frozenset({EngineState.STARTING, EngineState.HEALTH_CHECKING, EngineState.WEIGHT_SYNCING,
+                        EngineState.ACTIVE, EngineState.DRAINING})
 _SERVING = frozenset({EngineState.ACTIVE, EngineState.DRAINING})
-_NEXT_BOOT_STATE = {EngineState.PENDING: EngineState.STARTING, EngineState.STARTING: EngineState.WEIGHT_SYNCING,
-                    EngineState.WEIGHT_SYNCING: EngineState.ACTIVE}
-
-
-class _Request:
-    __slots__ = ("arrival", "tokens", "footprint", "phase_index", "admitted_at", "finish_v")
-
-    def __init__(self, arrival: float, tokens: int, footprint: int, phase_index: int) -> None:
-        self.arrival = arrival
-        self.tokens = tokens
-        self.footprint = footprint
-        self.phase_index = phase_index
-        self.admitted_at: float | None = None
-        self.finish_v = 0.0
-
-
-class _LatencyCounter:
-    """A cumulative Prometheus-style histogram on the built-in engine's SGLang-like buckets."""
-
-    BOUNDS: tuple[float, ...] = (*LATENCY_BUCKETS, math.inf)
-
-    def __init__(self) -> None:
-        self.counts = [0] * len(self.BOUNDS)
-        self.sum = 0.0
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.BOUNDS, value)] += 1
-        self.sum += value
-
-    def snapshot(self) -> Histogram:
-        cumulative, running = [], 0
-        for count in self.counts:
-            running += count
-            cumulative.append(float(running))
-        return Histogram(self.BOUNDS, tuple(cumulative), self.sum)
-
-
-class _Engine:
-    """One simulated engine: lifecycle, queue, processor-shared batch and the metrics it exports."""
-
-    def __init__(self, number: int, model: EngineModel, *, elastic: bool, dt: float) -> None:
-        self.number = number
-        self.id = f"engine_{number}"
-        self.elastic = elastic
-        self.model = model
-        self.state = EngineState.ACTIVE
-        self.boot_plan: list[tuple[EngineState, float]] = []  # (state, when it ends)
-        self.drain_deadline = math.inf
-        self.stop_at = math.inf
-        self.queue: deque[_Request] = deque()
-        self.running: list[tuple[float, int, _Request]] = []  # heap by finish virtual time
-        self.virtual = 0.0  # tokens each running request has received so far (processor sharing)
-        self.reserved = 0
-        self.seq = 0
-        self.queue_time = _LatencyCounter()
-        self.ttft = _LatencyCounter()
-        self.e2e = _LatencyCounter()
-        window = max(1, round(model.throughput_window_secs / dt))
-        self.recent_tokens: deque[float] = deque([0.0] * window, maxlen=window)
-        self.gpu_secs = 0.0
-
-    @property
-    def in_flight(self) -> int:
-        return len(self.queue) + len(self.running)
-
-    def can_admit(self, request: _Request) -> bool:
-        if not self.running:
-            return True  # an empty engine always takes the head request, however large
-        return (len(self.running) < self.model.max_running_requests
-                and self.reserved + request.footprint <= self.model.max_total_tokens)
-
-    def submit(self, request: _Request, now: float, sim: _Simulation) -> None:
-        if not self.queue and self.can_admit(request):
-            self._admit(request, now, sim)
-        else:
-            self.queue.append(request)
-
-    def admit_waiting(self, now: float, sim: _Simulation) -> None:
-        while self.queue and self.can_admit(self.queue[0]):
-            self._admit(self.queue.popleft(), now, sim)
-
-    def _admit(self, request: _Request, now: float, sim: _Simulation) -> None:
-        waited = max(0.0, now - request.arrival)
-        request.admitted_at = now
-        request.finish_v = self.virtual + request.tokens
-        self.seq += 1
-        heapq.heappush(self.running, (request.finish_v, self.seq, request))
-        self.reserved += request.footprint
-        speed = min(self.model.tokens_per_sec_per_request, self.model.max_tokens_per_sec / len(self.running))
-        ttft = waited + self.model.prompt_tokens / self.model.prefill_tokens_per_sec + 1.0 / speed
-        self.queue_time.observe(waited)
-        self.ttft.observe(ttft)
-        sim.queue_waits.append(waited)
-        sim.ttfts.append(ttft)
-
-    def serve(self, now: float, dt: float, sim: _Simulation) -> None:
-        """Decode for ``dt``; requests whose answer is complete leave at ``now + dt``."""
-        n = len(self.running)
-        if n == 0:
-            self.recent_tokens.append(0.0)
-            return
-        share = min(self.model.tokens_per_sec_per_request, self.model.max_tokens_per_sec / n) * dt
-        self.virtual += share
-        generated = share * n
-        while self.running and self.running[0][0] <= self.virtual + _EPS:
-            finish_v, _, request = heapq.heappop(self.running)
-            generated -= self.virtual - finish_v  # it needed only part of this step's share
-            self.reserved -= request.footprint
-            self.e2e.observe(now + dt - request.arrival)
-            sim.complete(request)
-        self.recent_tokens.append(generated)
-
-    def abort_all(self) -> list[_Request]:
-        """Drain timeout: everything in flight is aborted and handed back for a retry elsewhere."""
-        leftovers = list(self.queue) + [request for _, _, request in self.running]
-        self.queue.clear()
-        self.running.clear()
-        self.reserved = 0
-        for request in leftovers:
-            request.admitted_at = None
-        return leftovers
-
-    def oldest_wait(self, now: float) -> float:
-        return now - self.queue[0].arrival if self.queue else 0.0
-
-    def metrics(self) -> EngineMetrics:
-        """What this engine's ``/metrics`` would say now."""
-        window = self.model.throughput_window_secs
-        return EngineMetrics(
-            token_usage=self.reserved / self.model.max_total_tokens,
-            num_queue_reqs=float(len(self.queue)),
-            num_running_reqs=float(len(self.running)),
-            gen_throughput=sum(self.recent_tokens) / window,
-            max_total_num_tokens=float(self.model.max_total_tokens),
-            num_used_tokens=float(self.reserved),
-            queue_time=self.queue_time.snapshot(),
-            ttft=self.ttft.snapshot(),
-            e2e_latency=self.e2e.snapshot(),
-        )
 
 
 @dataclass(frozen=True)
@@ -452,13 +207,6 @@ class ScaleRecord:
     def to_dict(self) -> dict[str, Any]:
         return {"t": round(self.t, 3), "action": self.action, "from": self.from_engines, "to": self.to_engines,
                 "accepted": self.accepted, "reason": self.reason}
-
-
-@dataclass
-class _ScaleOp:
-    action: ScaleAction
-    engines: list[_Engine]
-    deadline: float
 
 
 # --------------------------------------------------------------------------------------------------
@@ -493,6 +241,8 @@ class SimulationResult:
     timeline: list[dict[str, Any]]
     actions: list[ScaleRecord]
     config: dict[str, Any] | None
+    request_outcomes: dict[str, str] = field(default_factory=dict)
+    """How each scale request the executor accepted ended (``so-1: ACTIVE``...), oldest first."""
 
     @property
     def scale_actions(self) -> int:
@@ -533,6 +283,7 @@ class SimulationResult:
             "duration_secs": self.duration_secs,
             "queue_wait_objective_secs": self.queue_wait_objective_secs,
             "config": self.config,
+            "request_outcomes": dict(self.request_outcomes),
             "actions": [record.to_dict() for record in self.actions],
             "timeline": self.timeline,
         }
@@ -551,6 +302,83 @@ def count_reversals(actions: Iterable[ScaleRecord], window_secs: float) -> int:
 # The simulation
 
 
+class SimulatedFleet:
+    """The executor's fleet port over simulated engines: start-up phases and drains take simulated time.
+
+    Engine states live in the real :class:`~relax.rollout.pool.EnginePool` (the executor plans against
+    it); the queues and batches live in the simulation's ``SimEngine`` world model.
+    """
+
+    def __init__(self, sim: _Simulation) -> None:
+        self.sim = sim
+        self._cancelled: set[str] = set()
+
+    async def bring_up_elastic(self, engine_id: str, *, timeout_s: float, cancelled: Callable[[], bool]) -> None:
+        sim = self.sim
+        engine = sim.world_engine(engine_id)
+        startup = sim.settings.startup
+        # After each phase's (jittered) time the engine moves on: placed -> STARTING, started -> health
+        # checked -> WEIGHT_SYNCING (health is folded into the start), synced -> ACTIVE.
+        phases = ((startup.placement_wait_secs, (EngineState.STARTING,)),
+                  (startup.start_secs, (EngineState.HEALTH_CHECKING, EngineState.WEIGHT_SYNCING)),
+                  (startup.weight_sync_secs, (EngineState.ACTIVE,)))
+        plan = [(secs * sim.jitter(), states) for secs, states in phases]
+
+        async def boot() -> None:
+            for secs, states in plan:
+                await asyncio.sleep(secs)
+                if cancelled() or engine_id in self._cancelled:
+                    sim.pool.transition(engine_id, EngineState.REMOVED)
+                    return
+                for state in states:
+                    if state is EngineState.ACTIVE:
+                        sim.pool.set_weight_version(engine_id, 0)
+                    sim.pool.transition(engine_id, state)
+
+        try:
+            await asyncio.wait_for(boot(), timeout=timeout_s)
+        except asyncio.TimeoutError:
+            state = sim.pool.get(engine_id).state
+            sim.pool.transition(engine_id, EngineState.FAILED, error=f"timed out while {state.value}")
+        sim.forget_if_gone(engine)
+
+    async def attach_external(self, engine_id: str, url: str, *, timeout_s: float) -> None:
+        raise NotImplementedError("the simulator only creates engines")
+
+    def cancel(self, engine_ids: Iterable[str]) -> None:
+        self._cancelled.update(engine_ids)
+
+    async def retire(self, engine_id: str, *, force: bool, drain_timeout_s: float, reason: str,
+                     on_drained: Callable[[int], None] | None = None) -> int:
+        """Leave the router, finish in-flight work (or abort it after the drain timeout), shut down."""
+        sim = self.sim
+        record = sim.pool.get(engine_id)
+        if record.state.terminal:
+            return 0
+        engine = sim.world_engine(engine_id)
+        if record.state is EngineState.ACTIVE:
+            sim.pool.transition(engine_id, EngineState.DRAINING)
+        deadline = sim.now_() + (0.0 if force else drain_timeout_s)
+        while engine.in_flight and sim.now_() + _EPS < deadline:
+            await asyncio.sleep(sim.dt)
+        aborted = 0
+        if engine.in_flight:
+            leftovers = engine.abort_all()
+            aborted = len(leftovers)
+            for request in leftovers:
+                sim.route(request)
+        if on_drained is not None:
+            on_drained(aborted)
+        await asyncio.sleep(sim.settings.shutdown_secs)
+        if not sim.pool.get(engine_id).state.terminal:
+            sim.pool.transition(engine_id, EngineState.REMOVED)
+        sim.forget_if_gone(engine)
+        return aborted
+
+    async def settle_weights(self) -> None:
+        return None
+
+
 class _Simulation:
     def __init__(self, trace: Trace, policy: PolicySpec, settings: SimulationSettings) -> None:
         self.trace = trace
@@ -563,10 +391,10 @@ class _Simulation:
         self.rng = np.random.default_rng(arrivals_seed)
         self.startup_rng = np.random.default_rng(startup_seed)
         self.now = 0.0
-        self.engines: list[_Engine] = []
+        self.pool = EnginePool(self.now_)
+        self.engines: dict[str, SimEngine] = {}  # engines that hold or wait for a GPU, by id
         self.removed_gpu_secs = 0.0
-        self.next_number = 0
-        self.router_backlog: deque[_Request] = deque()
+        self.router_backlog: deque[SimRequest] = deque()
         self.queue_waits: list[float] = []
         self.ttfts: list[float] = []
         self.requests = 0
@@ -576,13 +404,14 @@ class _Simulation:
         self.trainer_waiting: deque[bool] = deque(maxlen=wait_window)
         self.trainer_wait_secs = 0.0
         self.secs_above = 0.0
-        self.op: _ScaleOp | None = None
+        self.pending_request: str | None = None  # the scale-out whose end the policy has not heard yet
         self.actions: list[ScaleRecord] = []
         self.timeline: list[dict[str, Any]] = []
         self.peak = 0
 
         self.policy: AutoscalerPolicy | None = None
         self.history: MetricsHistory | None = None
+        max_engines = None
         if policy.kind is PolicyKind.STATIC:
             assert policy.static_engines is not None
             self.initial = policy.static_engines
@@ -595,32 +424,56 @@ class _Simulation:
                 )
             self.policy = AutoscalerPolicy(config, clock=lambda: self.now)
             self.history = MetricsHistory(config.condition_window_secs)
+            max_engines = config.max_engines
+        self.executor = ScaleExecutor(
+            self.pool, SimulatedFleet(self), EventLog(self.now_),
+            ScalingSettings(initial_engines=self.initial, max_engines=max_engines,
+                            scale_out_timeout_s=policy.config.scale_out_request_timeout_secs,
+                            partial_success_policy=settings.partial_success_policy,
+                            drain_timeout_s=settings.drain_timeout_secs),
+            clock=self.now_, timer=self.now_,
+        )
         for _ in range(self.initial):
-            self._new_engine(elastic=False)
+            record = self.pool.add(EngineKind.INITIAL, bundle="initial")
+            for state in (EngineState.STARTING, EngineState.HEALTH_CHECKING, EngineState.WEIGHT_SYNCING):
+                self.pool.transition(record.engine_id, state)
+            self.pool.set_weight_version(record.engine_id, 0)
+            self.pool.transition(record.engine_id, EngineState.ACTIVE)
+            self.world_engine(record.engine_id)
 
     # -- engines --------------------------------------------------------------------------------
 
-    def _new_engine(self, *, elastic: bool) -> _Engine:
-        engine = _Engine(self.next_number, self.settings.engine, elastic=elastic, dt=self.dt)
-        self.next_number += 1
-        self.engines.append(engine)
-        if elastic:
-            startup = self.settings.startup
-            ends, t = [], self.now
-            for state, secs in ((EngineState.PENDING, startup.placement_wait_secs),
-                                (EngineState.STARTING, startup.start_secs),
-                                (EngineState.WEIGHT_SYNCING, startup.weight_sync_secs)):
-                factor = 1.0 + startup.jitter * (2.0 * self.startup_rng.random() - 1.0) if startup.jitter else 1.0
-                t += secs * factor
-                ends.append((state, t))
-            engine.state = EngineState.PENDING
-            engine.boot_plan = ends
+    def now_(self) -> float:
+        """The simulation's clock (the virtual loop's time while it runs)."""
+        try:
+            return asyncio.get_running_loop().time()
+        except RuntimeError:
+            return self.now
+
+    def jitter(self) -> float:
+        jitter = self.settings.startup.jitter
+        return 1.0 + jitter * (2.0 * self.startup_rng.random() - 1.0) if jitter else 1.0
+
+    def world_engine(self, engine_id: str) -> SimEngine:
+        engine = self.engines.get(engine_id)
+        if engine is None:
+            number = self.pool.get(engine_id).number
+            engine = self.engines[engine_id] = SimEngine(engine_id, number, self.settings.engine, dt=self.dt)
         return engine
 
-    def active(self) -> list[_Engine]:
-        return [e for e in self.engines if e.state is EngineState.ACTIVE]
+    def forget_if_gone(self, engine: SimEngine) -> None:
+        """A removed or failed engine gives its GPU back: its held time moves to the removed total."""
+        if engine.id in self.engines and self.pool.get(engine.id).state.terminal:
+            self.removed_gpu_secs += engine.gpu_secs
+            del self.engines[engine.id]
 
-    def _route(self, *requests: _Request) -> None:
+    def state(self, engine: SimEngine) -> EngineState:
+        return self.pool.get(engine.id).state
+
+    def active(self) -> list[SimEngine]:
+        return [e for e in self.engines.values() if self.state(e) is EngineState.ACTIVE]
+
+    def route(self, *requests: SimRequest) -> None:
         """Send ``requests`` (one prompt group, or one retried request) to the least-loaded ACTIVE engine."""
         candidates = self.active()
         if not candidates:
@@ -630,7 +483,7 @@ class _Simulation:
         for request in requests:
             target.submit(request, self.now, self)
 
-    def complete(self, request: _Request) -> None:
+    def complete(self, request: SimRequest) -> None:
         self.completed += 1
         if request.phase_index >= 0:
             left = self.outstanding[request.phase_index] - 1
@@ -642,51 +495,20 @@ class _Simulation:
     # -- one step ---------------------------------------------------------------------------------
 
     def _lifecycle(self) -> None:
-        now = self.now
-        for engine in self.engines:
-            while engine.boot_plan and now + _EPS >= engine.boot_plan[0][1]:
-                engine.state = _NEXT_BOOT_STATE[engine.boot_plan.pop(0)[0]]
-            if engine.state is EngineState.DRAINING:
-                if engine.in_flight == 0:
-                    engine.state, engine.stop_at = EngineState.STOPPING, now + self.settings.shutdown_secs
-                elif now + _EPS >= engine.drain_deadline:
-                    leftovers = engine.abort_all()
-                    engine.state, engine.stop_at = EngineState.STOPPING, now + self.settings.shutdown_secs
-                    for request in leftovers:
-                        self._route(request)
-            if engine.state is EngineState.STOPPING and now + _EPS >= engine.stop_at:
-                engine.state = EngineState.REMOVED
-        kept = []
-        for engine in self.engines:
-            if engine.state is EngineState.REMOVED:
-                self.removed_gpu_secs += engine.gpu_secs
-            else:
-                kept.append(engine)
-        self.engines = kept
         while self.router_backlog and self.active():
-            self._route(self.router_backlog.popleft())
-        self._check_op()
+            self.route(self.router_backlog.popleft())
+        self._check_request()
 
-    def _check_op(self) -> None:
-        op = self.op
-        if op is None:
+    def _check_request(self) -> None:
+        """Tell the policy when a scale-out it started ended without growing the pool (FAILED / CANCELLED)."""
+        if self.pending_request is None:
             return
-        if op.action is ScaleAction.SCALE_IN:
-            if all(e.state is EngineState.REMOVED for e in op.engines):
-                self.op = None
-            return
-        if all(e.state is EngineState.ACTIVE for e in op.engines):
-            self.op = None
-        elif self.now + _EPS >= op.deadline:  # scale_out_request_timeout_secs: roll back the rest
-            late = [e for e in op.engines if e.state is not EngineState.ACTIVE]
-            for engine in late:
-                engine.state = EngineState.REMOVED
-                self.removed_gpu_secs += engine.gpu_secs
-            self.engines = [e for e in self.engines if e.state is not EngineState.REMOVED]
-            if len(late) == len(op.engines):
+        record = self.executor.registry.get(self.pending_request)
+        if record.terminal:
+            self.pending_request = None
+            if record.status.value in FAILED_STATUSES:
                 assert self.policy is not None
                 self.policy.record_action(ScaleAction.SCALE_OUT, accepted=False)
-            self.op = None
 
     def _arrivals(self) -> None:
         t, dt = self.now, self.dt
@@ -706,26 +528,27 @@ class _Simulation:
             requests = []
             for factor in samples:
                 tokens = max(1, round(mean_tokens * factor))
-                requests.append(_Request(t + float(offset), tokens, prompt + tokens, index))
+                requests.append(SimRequest(t + float(offset), tokens, prompt + tokens, index))
             self.requests += group
             if index >= 0:
                 self.outstanding[index] = self.outstanding.get(index, 0) + group
-            self._route(*requests)
+            self.route(*requests)
 
     def _serve(self) -> None:
-        for engine in self.engines:
-            if engine.state in _HOLDS_GPU:
+        for engine in list(self.engines.values()):
+            state = self.state(engine)
+            if state in _HOLDS_GPU:
                 engine.gpu_secs += self.dt
-            if engine.state in _SERVING:
+            if state in _SERVING:
                 engine.serve(self.now, self.dt, self)
 
     def _account(self) -> None:
         """After the step (``self.now`` is its end): admissions, queue-wait objective, trainer wait."""
         now = self.now
-        for engine in self.engines:
-            if engine.state in _SERVING:
+        for engine in self.engines.values():
+            if self.state(engine) in _SERVING:
                 engine.admit_waiting(now, self)
-        oldest = max((e.oldest_wait(now) for e in self.engines), default=0.0)
+        oldest = max((e.oldest_wait(now) for e in self.engines.values()), default=0.0)
         if self.router_backlog:
             oldest = max(oldest, now - self.router_backlog[0].arrival)
         if oldest > self.settings.queue_wait_objective_secs:
@@ -752,43 +575,43 @@ class _Simulation:
         if frame is None:
             return
         active = self.active()
-        pool = PoolView(current_engines=len(active), initial_engines=self.initial, scale_pending=self.op is not None)
+        running = self.executor.running_request_id() is not None
+        pool = PoolView(current_engines=len(active), initial_engines=self.initial, scale_pending=running)
         decision = self.policy.evaluate(frame, pool)
         if decision.action is ScaleAction.SCALE_OUT:
             self._scale_out(decision, len(active))
         elif decision.action is ScaleAction.SCALE_IN:
-            self._scale_in(decision, active)
+            self._scale_in(decision, len(active))
 
     def _scale_out(self, decision: Decision, n: int) -> None:
         assert self.policy is not None and decision.target is not None
         _, ceiling = self.policy.bounds(PoolView(n, self.initial))
         target = min(decision.target, ceiling)
-        if target <= n:
-            self.policy.record_action(ScaleAction.SCALE_OUT, accepted=False)
-            self.actions.append(ScaleRecord(self.now, "scale_out", n, target, False, decision.reason))
-            return
-        created = [self._new_engine(elastic=True) for _ in range(target - n)]
-        deadline = self.now + self.policy.config.scale_out_request_timeout_secs
-        self.op = _ScaleOp(ScaleAction.SCALE_OUT, created, deadline)
-        self.policy.record_action(ScaleAction.SCALE_OUT, accepted=True)
-        self.actions.append(ScaleRecord(self.now, "scale_out", n, target, True, decision.reason))
+        timeout = self.policy.config.scale_out_request_timeout_secs
+        self._submit("scale_out", n, target, decision,
+                     lambda: self.executor.scale_out(ScaleOutSpec(num_replicas=target, timeout_secs=timeout)))
 
-    def _scale_in(self, decision: Decision, active: list[_Engine]) -> None:
+    def _scale_in(self, decision: Decision, n: int) -> None:
         assert self.policy is not None and decision.target is not None
-        n = len(active)
         floor, _ = self.policy.bounds(PoolView(n, self.initial))
         target = max(decision.target, floor)
-        victims = sorted((e for e in active if e.elastic), key=lambda e: e.number, reverse=True)[: n - target]
-        if not victims:
-            self.policy.record_action(ScaleAction.SCALE_IN, accepted=False)
-            self.actions.append(ScaleRecord(self.now, "scale_in", n, target, False, decision.reason))
-            return
-        for engine in victims:  # leave the router now; finish in-flight work before stopping
-            engine.state = EngineState.DRAINING
-            engine.drain_deadline = self.now + self.settings.drain_timeout_secs
-        self.op = _ScaleOp(ScaleAction.SCALE_IN, victims, math.inf)
-        self.policy.record_action(ScaleAction.SCALE_IN, accepted=True)
-        self.actions.append(ScaleRecord(self.now, "scale_in", n, n - len(victims), True, decision.reason))
+        self._submit("scale_in", n, target, decision,
+                     lambda: self.executor.scale_in(ScaleInSpec(num_replicas=target)))
+
+    def _submit(self, action: str, n: int, target: int, decision: Decision,
+                call: Callable[[], dict[str, Any]]) -> None:
+        """File the decision with the executor as the service would; a refusal or NOOP is a rejected action."""
+        assert self.policy is not None
+        kind = ScaleAction(action)
+        try:
+            request_id = call().get("request_id")  # None: a NOOP answer
+        except ScalingError:  # refused by a rule (e.g. no elastic engine to remove)
+            request_id = None
+        accepted = request_id is not None
+        self.policy.record_action(kind, accepted=accepted)
+        self.actions.append(ScaleRecord(self.now, action, n, target, accepted, decision.reason))
+        if accepted and kind is ScaleAction.SCALE_OUT:
+            self.pending_request = request_id
 
     def _snapshot(self) -> None:
         self.timeline.append({
@@ -796,12 +619,15 @@ class _Simulation:
             "rate": round(self.trace.rate_at(min(self.now, self.trace.duration_secs)), 3),
             "active": len(self.active()),
             "engines": len(self.engines),
-            "queued": sum(len(e.queue) for e in self.engines) + len(self.router_backlog),
+            "queued": sum(len(e.queue) for e in self.engines.values()) + len(self.router_backlog),
         })
 
     # -- the run ----------------------------------------------------------------------------------
 
     def run(self) -> SimulationResult:
+        return run_virtual(self._run())
+
+    async def _run(self) -> SimulationResult:
         settings = self.settings
         duration = settings.duration_secs if settings.duration_secs is not None else self.trace.duration_secs
         steps = max(1, math.ceil(duration / self.dt - _EPS))
@@ -810,8 +636,12 @@ class _Simulation:
         evaluate_every = config.evaluation_interval_secs if config else math.inf
         next_scrape, next_eval, next_snapshot = 0.0, evaluate_every, 0.0
         self.peak = len(self.active())
+        loop = asyncio.get_running_loop()
         for step in range(steps + 1):
             self.now = step * self.dt
+            if self.now > loop.time():
+                await asyncio.sleep(self.now - loop.time())  # simulated engines' work up to now runs first
+            await asyncio.sleep(0)
             if step > 0:
                 self._account()
             if self.policy is not None:
@@ -829,12 +659,13 @@ class _Simulation:
             self._lifecycle()
             self._arrivals()
             self._serve()
+        await self.executor.aclose()
         return self._result(steps * self.dt)
 
     def _result(self, duration: float) -> SimulationResult:
         now = self.now
         waits = list(self.queue_waits)
-        waits += [now - r.arrival for e in self.engines for r in e.queue]  # still waiting: count their wait so far
+        waits += [now - r.arrival for e in self.engines.values() for r in e.queue]  # still waiting: count it so far
         waits += [now - r.arrival for r in self.router_backlog]
         if waits:
             p50, p95, p99 = (float(v) for v in np.percentile(np.asarray(waits), [50, 95, 99]))
@@ -851,7 +682,7 @@ class _Simulation:
             duration_secs=duration,
             requests=self.requests,
             completed=self.completed,
-            engine_seconds=self.removed_gpu_secs + sum(e.gpu_secs for e in self.engines),
+            engine_seconds=self.removed_gpu_secs + sum(e.gpu_secs for e in self.engines.values()),
             queue_wait_p50=p50,
             queue_wait_p95=p95,
             queue_wait_p99=p99,
@@ -869,6 +700,7 @@ class _Simulation:
             timeline=self.timeline,
             actions=self.actions,
             config=self.spec.config.model_dump(mode="json") if self.policy is not None else None,
+            request_outcomes={r.request_id: r.status.value for r in reversed(self.executor.registry.list_requests())},
         )
 
 

@@ -2,8 +2,9 @@
 
 One object answers for a run, whoever hosts it: the Ray :class:`~relax.rollout.manager.RolloutManager`
 delegates its remote methods here, and the in-process ``relax.testing.local_rollout.LocalRollout`` is this
-class over simulated engines. Answers are plain JSON-able values; a refusal is a typed error of
-``rollout.scaling`` (the REST layer maps it to a status code), never an envelope.
+class over simulated engines. The methods are the backend contract of the REST routes and the autoscaler
+(``rollout.api.RolloutBackend``), hence async even where nothing awaits. Answers are plain JSON-able values;
+a refusal is a typed error of ``rollout.scaling`` (the REST layer maps it to a status code).
 """
 
 from __future__ import annotations
@@ -34,14 +35,16 @@ class RolloutControl:
         events: EventLog,
         *,
         in_flight: Callable[[str], int] | None = None,
+        run_status: Callable[[], Mapping[str, Any]] = dict,
     ) -> None:
         self.pool = pool
         self.executor = executor
-        self.events = events
+        self.event_log = events
         self._in_flight = in_flight
+        self._run_status = run_status
 
     # -- views ------------------------------------------------------------------------------------
-    def engines_view(self, model_name: str | None = None) -> dict[str, Any]:
+    async def engines_view(self, model_name: str | None = None) -> dict[str, Any]:
         """``GET /rollout/engines``: live engines with their lifecycle status; removed and failed are hidden."""
         if model_name is not None:
             check_model_name(model_name)
@@ -52,19 +55,23 @@ class RolloutControl:
         return {"models": {model_name or DEFAULT_MODEL: {"engines": view}}, "total_engines": len(view),
                 "active_engines": len(self.pool.active())}
 
-    def events_view(self, limit: int = 100, kind: str | None = None) -> dict[str, Any]:
+    async def engine_urls(self) -> dict[str, str]:
+        """ACTIVE engines' URLs (what the autoscaler scrapes)."""
+        return {r.engine_id: r.url for r in self.pool.active() if r.url}
+
+    async def events(self, limit: int = 100, kind: str | None = None) -> dict[str, Any]:
         """``GET /rollout/events``: newest first, optionally of one kind."""
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise RejectedRequest(f"limit: must be an integer >= 0, got {limit!r}", field="limit")
         try:
-            return self.events.to_dict(limit, kind)
+            return self.event_log.to_dict(limit, kind)
         except ValueError as exc:
             raise RejectedRequest(f"kind: {exc}", field="kind") from None
 
-    def status(self, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """The pool part of ``relax_status`` (what ``/metrics`` and the autoscaler read), plus ``extra``."""
+    async def relax_status(self) -> dict[str, Any]:
+        """What ``/metrics`` and the autoscaler read: the pool's figures plus the run's (``run_status``)."""
         version = self.pool.min_active_weight_version()
-        counts = self.events.counts()
+        counts = self.event_log.counts()
         return {
             "engines_by_state": {state.value: n for state, n in self.pool.counts().items()},
             "active_engines": len(self.pool.active()),
@@ -73,7 +80,7 @@ class RolloutControl:
             "scale_events_total": {k.value: counts[k.value] for k in SCALE_EVENT_KINDS if k.value in counts},
             "initial_engines": self.executor.settings.initial_engines,
             "scale_request_running": self.executor.running_request_id(),
-            **dict(extra or {}),
+            **dict(self._run_status()),
         }
 
     def _refresh_in_flight(self) -> None:
@@ -82,23 +89,24 @@ class RolloutControl:
                 self.pool.set_in_flight(record.engine_id, self._in_flight(record.engine_id))
 
     # -- scaling ----------------------------------------------------------------------------------
-    def scale_out(self, spec: ScaleOutSpec) -> dict[str, Any]:
+    async def scale_out(self, spec: ScaleOutSpec) -> dict[str, Any]:
         return self.executor.scale_out(spec)
 
-    def scale_in(self, spec: ScaleInSpec) -> dict[str, Any]:
+    async def scale_in(self, spec: ScaleInSpec) -> dict[str, Any]:
         return self.executor.scale_in(spec)
 
-    def list_scale_requests(self, direction: str, status: str | None = None,
+    async def list_scale_requests(self, direction: str, status: str | None = None,
                             model_name: str | None = None) -> list[dict[str, Any]]:
         return self.executor.list_requests(direction, status, model_name)
 
-    def get_scale_request(self, direction: str, request_id: str) -> dict[str, Any]:
+    async def get_scale_request(self, direction: str, request_id: str) -> dict[str, Any]:
         return self.executor.get_request(direction, request_id)
 
-    def cancel_scale_out(self, request_id: str) -> dict[str, Any]:
+    async def cancel_scale_out(self, request_id: str) -> dict[str, Any]:
         return self.executor.cancel(request_id)
 
-    def cancel_scale_out_batch(self, status_filter: list[str] | None = None, dry_run: bool = False) -> dict[str, Any]:
+    async def cancel_scale_out_batch(self, status_filter: list[str] | None = None,
+                                     dry_run: bool = False) -> dict[str, Any]:
         return self.executor.cancel_batch(status_filter, dry_run)
 
 

@@ -1,4 +1,6 @@
-"""Prompt → group of scored samples: the unit of work of the generation loop (DESIGN 8).
+"""Prompt → group of scored samples: the unit of work of the generation loop.
+
+(docs/architecture.md, "The data path of a sample".)
 
 A group's n samples are generated as n requests that the dispatcher keeps on one engine (shared
 prefix → prefix-cache hits) and retries elsewhere when an engine fails, so a group always comes

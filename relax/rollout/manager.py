@@ -150,7 +150,8 @@ class RolloutManager:
                             drain_timeout_s=config.scale_in_drain_timeout_s),
             on_change=self._state_changed.set,
         )
-        self.control = RolloutControl(self.pool, self.executor, self.event_log, in_flight=self.router.in_flight)
+        self.control = RolloutControl(self.pool, self.executor, self.event_log, in_flight=self.router.in_flight,
+                                      run_status=self._run_status)
         self._generation: asyncio.Task[None] | None = None
         self._steps: dict[int, _StepStats] = {}
         self._error: BaseException | None = None
@@ -379,7 +380,7 @@ class RolloutManager:
         return dict(await self.fleet.engine_info(engine_id))
 
     async def engine_urls(self) -> dict[str, str]:
-        return {r.engine_id: r.url for r in self.pool.active() if r.url}
+        return await self.control.engine_urls()
 
     async def status(self) -> dict[str, Any]:
         return {
@@ -406,16 +407,20 @@ class RolloutManager:
 
     # ------------------------------------------------------------------ control API (REST + autoscaler)
     async def engines_view(self, model_name: str | None = None) -> dict[str, Any]:
-        return self.control.engines_view(model_name)
+        return await self.control.engines_view(model_name)
 
     async def events(self, limit: int = 100, kind: str | None = None) -> dict[str, Any]:
-        return self.control.events_view(limit, kind)
+        return await self.control.events(limit, kind)
 
     async def recent_events(self, limit: int = 100) -> list[dict[str, Any]]:
         return [e.to_dict() for e in self.event_log.newest(limit)]
 
     async def relax_status(self) -> dict[str, Any]:
-        return self.control.status({
+        return await self.control.relax_status()
+
+    def _run_status(self) -> dict[str, Any]:
+        """The training-side figures of ``relax_status``."""
+        return {
             "training_step": self._training.get("step", 0),
             "num_rollout": self.cfg.num_rollout,
             "rollout_tokens_per_s": self._training.get("rollout_tokens_per_s", 0.0),
@@ -424,27 +429,27 @@ class RolloutManager:
             "staleness_blocked_fraction": self.gate.blocked_fraction(),
             "buffer_waiting_partitions": self.buffer.num_waiting_partitions(),
             "tokens_generated": self._tokens_generated,
-        })
+        }
 
     async def scale_out(self, spec: ScaleOutSpec) -> dict[str, Any]:
-        return self.control.scale_out(spec)
+        return await self.control.scale_out(spec)
 
     async def scale_in(self, spec: ScaleInSpec) -> dict[str, Any]:
-        return self.control.scale_in(spec)
+        return await self.control.scale_in(spec)
 
     async def list_scale_requests(self, direction: str, status: str | None = None,
                                   model_name: str | None = None) -> list[dict[str, Any]]:
-        return self.control.list_scale_requests(direction, status, model_name)
+        return await self.control.list_scale_requests(direction, status, model_name)
 
     async def get_scale_request(self, direction: str, request_id: str) -> dict[str, Any]:
-        return self.control.get_scale_request(direction, request_id)
+        return await self.control.get_scale_request(direction, request_id)
 
     async def cancel_scale_out(self, request_id: str) -> dict[str, Any]:
-        return self.control.cancel_scale_out(request_id)
+        return await self.control.cancel_scale_out(request_id)
 
     async def cancel_scale_out_batch(self, status_filter: list[str] | None = None,
                                      dry_run: bool = False) -> dict[str, Any]:
-        return self.control.cancel_scale_out_batch(status_filter, dry_run)
+        return await self.control.cancel_scale_out_batch(status_filter, dry_run)
 
     async def shutdown(self) -> None:
         """Stop generation, every engine (process, actor, owned placement group) and background task."""

@@ -2,7 +2,8 @@
 
 The engines export SGLang's metrics; these are the run-level numbers only Relax knows: engines per lifecycle
 state, training progress, rollout throughput, staleness, scale events, and the two RL-specific signals of
-DESIGN 5 (the trainer's wait-for-data fraction and the staleness gate's blocked fraction).
+the autoscaler (the trainer's wait-for-data fraction and the staleness gate's blocked fraction; see
+docs/architecture.md, "The autoscaler").
 
 Each scrape renders a fresh :class:`~prometheus_client.CollectorRegistry` from one status snapshot. No
 process-global metric objects: the control plane may be restarted or created twice in one process (tests),
@@ -69,7 +70,7 @@ class RelaxStatusCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         status = self._status
-        engines = GaugeMetricFamily("relax_engines", "Engines per lifecycle state (DESIGN 3.4)", labels=["state"])
+        engines = GaugeMetricFamily("relax_engines", "Engines per lifecycle state", labels=["state"])
         by_state = status.get("engines_by_state") or {}
         # Every state is always present, so a dashboard sum or a "FAILED > 0" alert never sees a gap.
         states = [s.value for s in EngineState] + sorted(str(k) for k in by_state if k not in EngineState.__members__)

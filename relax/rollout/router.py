@@ -1,4 +1,4 @@
-"""Request routing over the ACTIVE engines, with exact in-flight accounting (DESIGN 3.5).
+"""Request routing over the ACTIVE engines, with exact in-flight accounting (docs/architecture.md, "Router").
 
 The router lives inside the RolloutManager process and is pure: the async shell calls ``acquire`` before
 sending a request and ``release`` when the answer (or the error) is back. Three rules:

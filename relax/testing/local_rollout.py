@@ -23,7 +23,7 @@ from relax.rollout.control import RolloutControl
 from relax.rollout.events import EventLog, transition_recorder
 from relax.rollout.executor import ScaleExecutor, ScalingSettings
 from relax.rollout.pool import EngineKind, EnginePool, EngineRecord, EngineState
-from relax.rollout.scaling import ScaleInSpec, ScaleOutSpec, ScaleRequestRegistry
+from relax.rollout.scaling import ScaleRequestRegistry
 
 _BRING_UP = (EngineState.STARTING, EngineState.HEALTH_CHECKING, EngineState.WEIGHT_SYNCING, EngineState.ACTIVE)
 
@@ -112,7 +112,7 @@ class SteppedFleet:
             await asyncio.sleep(0.01)
 
 
-class LocalRollout:
+class LocalRollout(RolloutControl):
     """The rollout manager's control API over :class:`SteppedFleet` (same methods, same answers, same errors)."""
 
     def __init__(
@@ -126,17 +126,15 @@ class LocalRollout:
         unreachable_urls: Iterable[str] = (),
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.event_log = EventLog(clock)
-        self.pool = EnginePool(clock, on_transition=transition_recorder(self.event_log))
-        self.fleet = SteppedFleet(self.pool, step_delay_s=step_delay_s, unreachable_urls=unreachable_urls,
-                                  clock=clock)
-        self.executor = ScaleExecutor(
-            self.pool, self.fleet, self.event_log,
+        events = EventLog(clock)
+        pool = EnginePool(clock, on_transition=transition_recorder(events))
+        self.fleet = SteppedFleet(pool, step_delay_s=step_delay_s, unreachable_urls=unreachable_urls, clock=clock)
+        executor = ScaleExecutor(
+            pool, self.fleet, events,
             ScalingSettings(initial_engines=initial_engines, max_engines=max_engines,
                             scale_out_timeout_s=scale_out_timeout_s, partial_success_policy=partial_success_policy),
             clock=clock, timer=clock,
         )
-        self.control = RolloutControl(self.pool, self.executor, self.event_log)
         self.training: dict[str, Any] = {
             "training_step": 0,
             "num_rollout": 0,
@@ -145,6 +143,7 @@ class LocalRollout:
             "trainer_wait_fraction": 0.0,
             "staleness_blocked_fraction": 0.0,
         }
+        super().__init__(pool, executor, events, run_status=lambda: self.training)
         self.fleet.start_initial(initial_engines)
 
     # -- knobs for tests ----------------------------------------------------------------------------
@@ -175,39 +174,6 @@ class LocalRollout:
     async def aclose(self) -> None:
         """Stop the simulated work of running requests (they stay where they are)."""
         await self.executor.aclose()
-
-    # -- the control API ----------------------------------------------------------------------------
-    async def engines_view(self, model_name: str | None = None) -> dict[str, Any]:
-        return self.control.engines_view(model_name)
-
-    async def engine_urls(self) -> dict[str, str]:
-        return {r.engine_id: r.url for r in self.pool.active() if r.url}
-
-    async def events(self, limit: int = 100, kind: str | None = None) -> dict[str, Any]:
-        return self.control.events_view(limit, kind)
-
-    async def relax_status(self) -> dict[str, Any]:
-        return self.control.status(self.training)
-
-    async def scale_out(self, spec: ScaleOutSpec) -> dict[str, Any]:
-        return self.control.scale_out(spec)
-
-    async def scale_in(self, spec: ScaleInSpec) -> dict[str, Any]:
-        return self.control.scale_in(spec)
-
-    async def list_scale_requests(self, direction: str, status: str | None = None,
-                                  model_name: str | None = None) -> list[dict[str, Any]]:
-        return self.control.list_scale_requests(direction, status, model_name)
-
-    async def get_scale_request(self, direction: str, request_id: str) -> dict[str, Any]:
-        return self.control.get_scale_request(direction, request_id)
-
-    async def cancel_scale_out(self, request_id: str) -> dict[str, Any]:
-        return self.control.cancel_scale_out(request_id)
-
-    async def cancel_scale_out_batch(self, status_filter: list[str] | None = None,
-                                     dry_run: bool = False) -> dict[str, Any]:
-        return self.control.cancel_scale_out_batch(status_filter, dry_run)
 
 
 __all__ = ["LocalRollout", "SteppedFleet"]

@@ -1,4 +1,4 @@
-"""Flags of python -m relax.entrypoints.train: DESIGN section 9, Megatron compatibility, errors."""
+"""Flags of python -m relax.entrypoints.train: the documented flags (docs/training.md), Megatron, errors."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def test_defaults_are_the_documented_ones():
     assert args.resolved_tensorboard_dir == "outputs/tensorboard"
 
 
-# Every flag of DESIGN section 9: (argv, field, expected value).
+# Every documented flag: (argv, field, expected value).
 DESIGN_FLAGS = [
     (["--fully-async"], "fully_async", True),
     (["--resource", '{"actor": [1, 4], "rollout": [1, 4]}'], "resource", '{"actor": [1, 4], "rollout": [1, 4]}'),

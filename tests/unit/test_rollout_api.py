@@ -1,4 +1,4 @@
-"""The control plane's HTTP layer (DESIGN 4): routes, validation messages, auth, /metrics, /openapi.json.
+"""The control plane's HTTP layer: routes, validation messages, auth, /metrics, /openapi.json.
 
 Routes run over ``httpx.ASGITransport`` against :class:`LocalRollout`, the backend contract implemented
 in-process over the real scaling modules (registry, pool, event log), so every answer here is the one a

@@ -25,6 +25,7 @@ from relax.autoscaler.simulator import (
 )
 from relax.autoscaler.traces import Phase, Trace, TracePoint
 from relax.cli import main
+from relax.config.flags import PartialSuccessPolicy
 
 MIN = 60.0
 STEP_UP, STEP_DOWN = 3 * MIN, 11 * MIN
@@ -329,3 +330,20 @@ def test_add_autoscaler_parser_sets_func() -> None:
     add_autoscaler_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["autoscaler", "simulate", "--trace", "steady"])
     assert callable(args.func) and args.policy == "relax" and args.seed == 0 and not args.json
+
+
+def test_scale_requests_are_carried_out_by_the_real_executor_and_its_partial_success_policy() -> None:
+    """The request timeout falls inside the start-up jitter (112-168 s), so some engines of the first scale-out
+    are ACTIVE in time and some are not: the run's own policy decides, as in a real run."""
+    config = relax_tuned_config().patch({"scale_out_request_timeout_secs": 140.0})
+    results = {}
+    for policy in PartialSuccessPolicy:
+        settings = SimulationSettings(partial_success_policy=policy)
+        results[policy] = simulate(step_trace(end=15 * MIN), PolicySpec(PolicyKind.RELAX, config), settings)
+    rolled_back, kept = results[PartialSuccessPolicy.ROLLBACK_ALL], results[PartialSuccessPolicy.KEEP_PARTIAL]
+    assert rolled_back.request_outcomes["so-1"] == "FAILED"
+    assert kept.request_outcomes["so-1"] == "PARTIAL"
+    first = rolled_back.actions[0].t
+    late = [p for p in rolled_back.timeline if first + 240 < p["t"] < first + 300]  # after the rollback's drain
+    assert late and all(p["active"] == 4 for p in late)  # everything the failed request started is gone
+    assert max(p["active"] for p in kept.timeline if first + 240 < p["t"] < first + 300) > 4
