@@ -14,7 +14,8 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-test: $(STAMP)
+# CI runs this: the lint (ruff, layer contracts, no import cycles) first, then the whole suite.
+test: $(STAMP) lint
 	$(BIN)/python -m pytest tests
 
 test-unit: $(STAMP)
