@@ -18,12 +18,12 @@ from pathlib import Path
 
 from report import save_report
 
-from relax.demo.local import tiny_train_argv
+from relax.demo.local import train_argv
 from relax.presets.tiny import build_tiny_preset
 
 
 def measure(preset, out: Path, staleness: int, steps: int) -> dict:
-    argv = tiny_train_argv(preset, out, num_rollout=steps, max_staleness=staleness)
+    argv = train_argv(preset, out, num_rollout=steps, max_staleness=staleness)
     subprocess.run(argv, check=True, capture_output=True, text=True)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     rows = [r for r in rows if r["kind"] == "train"][2:]  # skip warm-up steps

@@ -1,18 +1,32 @@
-"""Built-in engine throughput: 1 vs 16 concurrent requests on the tiny preset.
+"""Built-in engine throughput: 1 vs 16 concurrent requests, beside transformers' own batched generate().
 
-Prints and saves JSON (benchmarks/results/engine_throughput.json). Both figures come from one run
-against one engine, so their ratio is meaningful even on a noisy machine; absolute numbers are not.
-Then the 16-way burst once more while ``/health`` and ``/metrics`` are polled every 20 ms: how quickly
-the server answers them under load, and what the polling costs (a control request must not queue behind
-the generation loop; the autoscaler and the health checks depend on it).
+Prints and saves JSON (benchmarks/results/engine_throughput.json). Every figure comes from one run on one
+machine, so the ratios are meaningful even where absolute numbers are noisy:
 
-    python benchmarks/engine_throughput.py [--requests 64] [--max-new-tokens 64] [--out FILE]
+- ``speedup_16_vs_1``: the engine at 16 concurrent requests over the engine answering one at a time
+  (continuous batching must pay for itself);
+- ``engine16_vs_hf_generate16``: the engine at 16 concurrent requests over ``model.generate()`` with a
+  static batch of 16 of the same prompt, same number of new tokens, same threads — what a user gets for
+  free from transformers, so the engine must at least match it;
+- ``memory_bandwidth``: bytes of weights read per decode step (every parameter once; a tied embedding is
+  read whole by the LM head) × decode steps per second, beside a plain ``torch`` copy of the same bytes:
+  how close a decode step is to the floor that memory bandwidth sets.
+
+Then the 16-way burst once more while ``/health`` and ``/metrics`` are polled every 20 ms: how quickly the
+server answers them under load (the autoscaler and the health checks depend on it).
+
+    python benchmarks/engine_throughput.py [--model-path DIR] [--threads N] [--requests 64]
+                                           [--max-new-tokens 64] [--out FILE]
+
+Without ``--model-path`` the tiny preset is built and used; ``relax preset smollm2 --out DIR`` gives a
+real 135M model (``--model-path DIR/model``).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -24,6 +38,8 @@ from relax.cluster.network import free_port
 from relax.engines.launcher import BuiltinOptions, ServerProcess, builtin_spec
 from relax.engines.loadgen import run_burst
 from relax.presets.tiny import build_tiny_preset
+
+PROMPT = "What is 4 + 5?"
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -47,56 +63,115 @@ async def _probe(url: str, path: str, stop: asyncio.Event, interval_s: float = 0
 def _burst_summary(r) -> dict:
     return {
         "requests": r.requests, "completion_tokens": r.completion_tokens, "seconds": round(r.seconds, 3),
-        "tokens_per_second": round(r.tokens_per_second, 1),
+        "tokens_per_second": round(r.tokens_per_second, 2),
         "p50_latency_s": round(r.latency_quantile(0.5), 4), "p95_latency_s": round(r.latency_quantile(0.95), 4),
     }
 
 
-async def _measure(url: str, prompt: str, requests: int, max_new_tokens: int) -> dict:
-    await run_burst(url, prompt, requests=8, concurrency=8, max_new_tokens=8)  # warm-up
+async def _measure_engine(url: str, prompt: str, requests: int, max_new_tokens: int) -> dict:
+    await run_burst(url, prompt, requests=4, concurrency=4, max_new_tokens=8)  # warm-up
     results: dict = {}
     for concurrency in (1, 16):
-        n = requests if concurrency > 1 else max(8, requests // 4)
+        n = requests if concurrency > 1 else max(2, requests // 8)
         r = await run_burst(url, prompt, requests=n, concurrency=concurrency, max_new_tokens=max_new_tokens)
         results[str(concurrency)] = _burst_summary(r)
-    # the 16-way burst again, with /health and /metrics polled every 20 ms meanwhile
     stop = asyncio.Event()
     probes = [asyncio.create_task(_probe(url, path, stop)) for path in ("/health", "/metrics")]
-    r = await run_burst(url, prompt, requests=requests, concurrency=16, max_new_tokens=max_new_tokens)
+    r = await run_burst(url, prompt, requests=min(requests, 32), concurrency=16, max_new_tokens=max_new_tokens)
     stop.set()
     health, metrics = await asyncio.gather(*probes)
     results["control_latency_during_burst"] = {"burst": _burst_summary(r), "/health": health, "/metrics": metrics}
     return results
 
 
+def _hf_generate(model_dir: str, prompt: str, batch: int, max_new_tokens: int, threads: int) -> dict:
+    """transformers' static batching: one generate() call for ``batch`` copies of the prompt."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(threads)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    inputs = tok([prompt] * batch, return_tensors="pt")
+    kwargs = {"do_sample": True, "temperature": 1.0, "top_p": 1.0, "top_k": 0, "pad_token_id": tok.pad_token_id,
+              "min_new_tokens": max_new_tokens, "max_new_tokens": max_new_tokens}
+    with torch.inference_mode():
+        model.generate(**inputs, **{**kwargs, "min_new_tokens": 4, "max_new_tokens": 4})  # warm-up
+        began = time.perf_counter()
+        out = model.generate(**inputs, **kwargs)
+        seconds = time.perf_counter() - began
+    new_tokens = int((out.shape[1] - inputs["input_ids"].shape[1]) * batch)
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())  # tied weights counted once
+    copy_gbps = _copy_bandwidth(weight_bytes)
+    return {"batch": batch, "completion_tokens": new_tokens, "seconds": round(seconds, 3),
+            "tokens_per_second": round(new_tokens / seconds, 2), "weight_bytes": weight_bytes,
+            "copy_gb_per_s": round(copy_gbps, 2)}
+
+
+def _copy_bandwidth(nbytes: int) -> float:
+    """GB/s of a plain tensor copy of ``nbytes`` (read + write counted as the bytes read): the machine's ceiling."""
+    import torch
+
+    src = torch.empty(nbytes // 4, dtype=torch.float32).fill_(1.0)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    best = float("inf")
+    for _ in range(3):
+        began = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - began)
+    return nbytes / best / 1e9
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--model-path", help="a Hugging Face checkpoint directory (default: build the tiny preset)")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1,
+                        help="torch threads for the engine and for transformers alike (default: every core)")
+    parser.add_argument("--requests", type=int, default=64, help="requests of the 16-way burst")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--out", default="benchmarks/results/engine_throughput.json")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="relax-bench-") as tmp:
-        preset = build_tiny_preset(Path(tmp) / "tiny")
-        spec = builtin_spec(str(preset.model_dir), "127.0.0.1", free_port(), str(Path(tmp) / "engine.log"),
-                            options=BuiltinOptions(max_running_requests=64, num_threads=1), name="bench-engine")
+        if args.model_path:
+            model_dir, model_name = args.model_path, Path(args.model_path).resolve().as_posix()
+            if not (Path(model_dir) / "config.json").is_file():
+                parser.error(f"--model-path {model_dir}: no config.json there; pass a Hugging Face checkpoint "
+                             f"directory (e.g. the model/ of `relax preset smollm2 --out DIR`)")
+        else:
+            model_dir, model_name = str(build_tiny_preset(Path(tmp) / "tiny").model_dir), "tiny preset"
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(model_dir)
+        prompt = tok.apply_chat_template([{"role": "user", "content": PROMPT}], tokenize=False,
+                                         add_generation_prompt=True)
+        spec = builtin_spec(model_dir, "127.0.0.1", free_port(), str(Path(tmp) / "engine.log"),
+                            options=BuiltinOptions(max_running_requests=64, num_threads=args.threads),
+                            name="bench-engine")
         server = ServerProcess(spec)
         server.start()
         try:
-            server.wait_healthy(timeout=120)
-            from transformers import AutoTokenizer
-
-            tok = AutoTokenizer.from_pretrained(str(preset.model_dir))
-            prompt = tok.apply_chat_template([{"role": "user", "content": "What is 4 + 5?"}], tokenize=False,
-                                             add_generation_prompt=True)
-            results = asyncio.run(_measure(spec.url, prompt, args.requests, args.max_new_tokens))
+            server.wait_healthy(timeout=300)
+            results = asyncio.run(_measure_engine(spec.url, prompt, args.requests, args.max_new_tokens))
         finally:
             server.stop(grace_s=10)
+        hf = _hf_generate(model_dir, prompt, 16, args.max_new_tokens, args.threads)
+    engine16 = results["16"]["tokens_per_second"]
+    steps_per_s = engine16 / 16  # the burst keeps 16 rows running: one decode step yields 16 tokens
     report = {
-        "benchmark": "engine_throughput", "model": "tiny preset", "max_new_tokens": args.max_new_tokens,
-        "machine": machine(),
-        "control_latency_during_burst": results.pop("control_latency_during_burst"),
-        "concurrency": results,
-        "speedup_16_vs_1": round(results["16"]["tokens_per_second"] / results["1"]["tokens_per_second"], 2),
+        "benchmark": "engine_throughput", "model": model_name, "max_new_tokens": args.max_new_tokens,
+        "threads": args.threads, "machine": machine(),
+        "concurrency": {k: results[k] for k in ("1", "16")},
+        "hf_generate": hf,
+        "speedup_16_vs_1": round(engine16 / results["1"]["tokens_per_second"], 2),
+        "engine16_vs_hf_generate16": round(engine16 / hf["tokens_per_second"], 2),
+        "memory_bandwidth": {
+            "weight_bytes_per_decode_step": hf["weight_bytes"],
+            "engine16_gb_per_s": round(hf["weight_bytes"] * steps_per_s / 1e9, 2),
+            "hf_generate16_gb_per_s": round(hf["weight_bytes"] * hf["tokens_per_second"] / 16 / 1e9, 2),
+            "copy_gb_per_s": hf["copy_gb_per_s"],
+        },
+        "control_latency_during_burst": results["control_latency_during_burst"],
     }
     save_report(report, args.out)
 

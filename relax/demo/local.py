@@ -1,34 +1,47 @@
 """`relax demo --local`: fully-asynchronous GRPO through the real entrypoint on an embedded Ray cluster.
 
 2 trainer ranks and 2 built-in engines on logical GPUs; prints where the metrics and the plot are.
-:func:`tiny_train_argv` (the recipe's flags sized for the tiny preset) also drives the end-to-end tests
-and benchmarks/async_speedup.py.
+:func:`train_argv` (the recipe's flags sized for a preset: the tiny one by default, or smollm2's with its
+own GRPO settings) also drives the end-to-end tests and the benchmarks.
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Protocol
 
 from rich.console import Console
 
 from relax.presets.ensure import ensure_preset
-from relax.presets.tiny import GRPO_DEFAULTS, TinyPreset
+from relax.presets.tiny import GRPO_DEFAULTS
 
 
-def tiny_train_argv(
-    preset: TinyPreset,
+class Preset(Protocol):
+    """What a run needs of a preset (TinyPreset and SmolLM2Preset both have it)."""
+
+    @property
+    def model_dir(self) -> Path: ...
+    @property
+    def train_path(self) -> Path: ...
+
+
+def train_argv(
+    preset: Preset,
     out_dir: Path,
     *,
     num_rollout: int,
     max_staleness: int = 1,
     trainer_gpus: int = 2,
     rollout_gpus: int = 2,
+    grpo: Mapping[str, float | int] = GRPO_DEFAULTS,
+    rm_type: str = "tiny",
     extra: tuple[str, ...] = (),
 ) -> list[str]:
-    """The recipe's entrypoint and flags, sized for the tiny preset on a CPU machine (GRPO_DEFAULTS)."""
-    d = GRPO_DEFAULTS
+    """The recipe's entrypoint and flags, sized for a preset on a CPU machine (default: the tiny one)."""
+    d = grpo
     batch = int(d["rollout_batch_size"]) * int(d["n_samples_per_prompt"])
     return [
         sys.executable,
@@ -50,7 +63,7 @@ def tiny_train_argv(
         "--apply-chat-template",
         "--rollout-shuffle",
         "--rm-type",
-        "tiny",
+        rm_type,
         "--num-rollout",
         str(num_rollout),
         "--rollout-batch-size",
@@ -86,7 +99,7 @@ def run_training_demo(workdir: Path, *, num_rollout: int, console: Console | Non
     workdir.mkdir(parents=True, exist_ok=True)
     preset = ensure_preset(workdir, console=console)
     out = workdir / "run"
-    argv = tiny_train_argv(
+    argv = train_argv(
         preset,
         out,
         num_rollout=num_rollout,

@@ -294,6 +294,8 @@ class Driver:
         }
         versions_log.write(json.dumps(record) + "\n")
         versions_log.flush()
+        if self.args.record_samples:
+            self._record_samples(step, samples)
         train_began = time.monotonic()
         train_metrics = self.trainer.train_step(part["samples"])
         trained = time.monotonic() - train_began
@@ -330,6 +332,17 @@ class Driver:
             step_time,
         )
         return part["cursor_end"]
+
+    def _record_samples(self, step: int, samples: list[Any]) -> None:
+        """``--record-samples``: what the model wrote, one JSON line per trained sample."""
+        with (self.run_dir / "samples.jsonl").open("a", encoding="utf-8") as f:
+            for s in samples:
+                f.write(json.dumps({
+                    "step": step, "prompt_index": s.prompt_index, "sample_index": s.sample_index,
+                    "weight_version": s.weight_version, "engine_id": s.engine_id,
+                    "finish_reason": s.finish_reason.value, "reward": s.reward, "label": s.label,
+                    "response_text": s.response_text, "response_token_ids": list(s.response_token_ids),
+                }) + "\n")
 
     def _get_partition(self, step: int) -> dict[str, Any]:
         import ray

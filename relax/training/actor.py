@@ -532,7 +532,8 @@ class TrainerActor:
         self.step += 1
         out = acc.result()
         out.update(grad_norm=grad_norm, skipped=float(skipped), num_tokens=float(acc.tokens),
-                   num_samples=float(len(samples)), step=float(self.step), step_time_s=time.perf_counter() - t0)
+                   num_samples=float(len(samples)), step=float(self.step), step_time_s=time.perf_counter() - t0,
+                   peak_memory_mb=_peak_memory_mb(self.device))
         logger.info("trainer rank %d/%d: step %d, %d samples, %d tokens, loss %.5f, grad_norm %.4f, %.3fs%s",
                     self.rank, self.world_size, self.step, len(samples), acc.tokens, out.get("loss", 0.0),
                     grad_norm, out["step_time_s"], " (skipped: non-finite grad norm)" if skipped else "")
@@ -723,3 +724,11 @@ class TrainerActor:
         return {"rank": self.rank, "world_size": self.world_size, "step": self.step, "device": str(self.device),
                 "pid": os.getpid(), "reference": self.ref_model is not None}
 
+
+def _peak_memory_mb(device: torch.device) -> float:
+    """The rank's high-water mark so far: CUDA memory allocated on GPU, the process's peak RSS on CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB

@@ -77,8 +77,8 @@ def reduce_rank_metrics(per_rank: Sequence[Mapping[str, float]]) -> dict[str, fl
     """Ranks' ``train_step`` metrics -> global ones.
 
     Partial sums (``loss``, ``pg_loss``, counts) are added; metrics every rank shares (``grad_norm``)
-    come from rank 0; ``step_time_s`` is the slowest rank's; all others are token means on each rank and
-    are combined weighted by each rank's loss tokens.
+    come from rank 0; ``step_time_s`` and ``peak_memory_mb`` are the largest rank's; all others are token
+    means on each rank and are combined weighted by each rank's loss tokens.
     """
     if not per_rank:
         return {}
@@ -92,7 +92,7 @@ def reduce_rank_metrics(per_rank: Sequence[Mapping[str, float]]) -> dict[str, fl
             out[key] = sum(values)
         elif key in _SHARED_METRICS:
             out[key] = float(per_rank[0].get(key, values[0]))
-        elif key == "step_time_s":
+        elif key in ("step_time_s", "peak_memory_mb"):
             out[key] = max(values)
         else:
             weighted = sum(float(m[key]) * t for m, t in zip(per_rank, tokens, strict=True) if key in m)

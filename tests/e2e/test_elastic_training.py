@@ -16,7 +16,7 @@ import pytest
 
 from relax.cluster.network import free_port
 from relax.demo.elastic import RunApi, wait_until
-from relax.demo.local import tiny_train_argv
+from relax.demo.local import train_argv
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]  # the waits below add up to more than 300 s
 
@@ -36,7 +36,7 @@ def test_rest_scaling_while_training(tiny_preset, tmp_path: Path) -> None:
     port = free_port()
     api = RunApi(f"http://127.0.0.1:{port}")
     out, ckpt = tmp_path / "run", tmp_path / "ckpt"
-    argv = tiny_train_argv(tiny_preset, out, num_rollout=400, max_staleness=1,
+    argv = train_argv(tiny_preset, out, num_rollout=400, max_staleness=1,
                            extra=("--api-port", str(port), "--save", str(ckpt)))
     log_path = tmp_path / "driver.log"
     with log_path.open("w") as log:

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from relax.demo.local import tiny_train_argv
+from relax.demo.local import train_argv
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]  # a run may take up to 480 s (train())
 
 
 def train(preset, out: Path, *extra: str, num_rollout: int, staleness: int, timeout: float = 480):
-    argv = tiny_train_argv(preset, out, num_rollout=num_rollout, max_staleness=staleness, extra=extra)
+    argv = train_argv(preset, out, num_rollout=num_rollout, max_staleness=staleness, extra=extra)
     result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     out.mkdir(parents=True, exist_ok=True)
     (out / "driver.log").write_text(result.stdout + result.stderr)

@@ -145,6 +145,37 @@ async def test_logprobs_match_teacher_forced_forward(client, tiny_preset, tokeni
         assert max(abs(g - e) for g, e in zip(got, expected, strict=True)) < 1e-4
 
 
+async def test_requests_joining_a_running_batch_keep_exact_logprobs(client, tiny_preset, tokenizer) -> None:
+    """Newcomers are encoded alone and merged into the running batch's cache (padding aligned and masked):
+    the running request and every joiner must still see exactly the teacher-forced distribution."""
+    texts = [tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
+                                           add_generation_prompt=True)
+             for content in ("What is 3 + 4?", "Add 9 and 8, then say the answer twice please.", "1 + 1?")]
+    ids = [tokenizer.encode(t) for t in texts]
+    params = {"max_new_tokens": 40, "temperature": 1.0, "ignore_eos": True}
+    before = (await client.get("/get_server_info")).json()["stats"]
+    (first,) = await _freeze_running(client, [{
+        "input_ids": ids[0], "return_logprob": True, "sampling_params": {**params, "max_new_tokens": 120}}])
+    try:  # the first request is frozen mid-generation with its cache: the others must join it
+        joiners = [asyncio.create_task(client.post("/generate", json={
+            "input_ids": i, "return_logprob": True, "sampling_params": params})) for i in ids[1:]]
+        await _poll(lambda: _queued_at_least(client, 2))
+    finally:
+        await client.post("/continue_generation")
+    outs = [(await t).json() for t in (first, *joiners)]
+    after = (await client.get("/get_server_info")).json()["stats"]
+    assert outs[0]["meta_info"]["completion_tokens"] == 120
+    assert after["prefills"] - before["prefills"] >= 2  # the first one's prefill, then the joiners' own encode
+    for prompt_ids, out in zip(ids, outs, strict=True):
+        expected = teacher_forced_logprobs(tiny_preset.model_dir, prompt_ids, out["output_ids"], 1.0)
+        got = [lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]]
+        assert max(abs(g - e) for g, e in zip(got, expected, strict=True)) < 1e-4
+
+
+async def _queued_at_least(client: httpx.AsyncClient, n: int) -> bool:
+    return (await _metrics(client))["sglang:num_queue_reqs"] >= n
+
+
 async def test_concurrent_requests_are_batched(client, engine, prompt_text) -> None:
     params = {"max_new_tokens": 32, "ignore_eos": True}
     before = (await client.get("/get_server_info")).json()["stats"]

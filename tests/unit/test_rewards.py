@@ -108,10 +108,35 @@ def test_last_boxed_content() -> None:
 
 
 def test_builtin_types() -> None:
-    assert available_reward_types() == ["dapo", "deepscaler", "math", "tiny"]
+    assert available_reward_types() == ["dapo", "deepscaler", "last-number", "math", "tiny"]
     assert get_reward_fn("dapo") is dapo.compute_score
     assert get_reward_fn("math") is compute_score
     assert get_reward_fn("deepscaler") is compute_deepscaler_score
+
+
+@pytest.mark.parametrize(
+    ("response", "label", "expected"),
+    [
+        ("7 + 7 = 14", "14", 1.0),
+        ("The answer is 17.", "17", 1.0),
+        ("The sum of 7 and 1 is 7.", "8", 0.0),
+        ("14, or maybe 15", "14", 0.0),  # the last number is the claim: listing candidates does not pay
+        ("8 + 6 = 14\n\nIn mathematics, 2 + 2", "14", 0.0),  # rambling past the answer ends on another number
+        ("-3", "-3", 1.0),
+        ("12.0", "12", 1.0),
+        ("no number here", "3", 0.0),
+        ("", "3", 0.0),
+        ("5", "five", 0.0),  # an unparsable label scores 0, never raises
+    ],
+)
+def test_last_number_rule(response: str, label: str, expected: float) -> None:
+    assert get_reward_fn("last-number")(response, label) == expected
+
+
+def test_last_number_never_raises_on_non_strings() -> None:
+    from relax.data.rewards.last_number import compute_score as last_number_score
+
+    assert last_number_score(None, "3") == 0.0  # type: ignore[arg-type]
 
 
 def test_tiny_resolves_to_the_task_reward() -> None:

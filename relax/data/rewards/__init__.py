@@ -25,6 +25,7 @@ BUILTIN_REWARDS: dict[str, str] = {
     "math": "relax.data.rewards.math_verify_reward:compute_score",
     "deepscaler": "relax.data.rewards.math_verify_reward:compute_deepscaler_score",
     "tiny": "relax.data.rewards.tiny_task:compute_score",
+    "last-number": "relax.data.rewards.last_number:compute_score",
 }
 
 
@@ -77,7 +78,7 @@ def _as_float_reward(fn: Callable[..., object], name: str) -> RewardFn:
 
 
 def get_reward_fn(rm_type: str | None, custom_path: str | None = None) -> RewardFn:
-    """The reward function for ``--rm-type`` (``dapo``, ``math``, ``deepscaler``, ``tiny``).
+    """The reward function for ``--rm-type`` (``dapo``, ``math``, ``deepscaler``, ``tiny``, ``last-number``).
 
     A ``custom_path`` (``module:function`` or ``module.function``) takes precedence over ``rm_type``;
     ``rm_type`` may also be such a path itself (anything containing ``:`` or ``.``).

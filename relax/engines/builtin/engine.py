@@ -202,16 +202,22 @@ class Engine:
                 if req.scheduled_at is None:  # a retracted request was already counted
                     req.scheduled_at = now
                     self.metrics.queue_time.observe(now - req.arrival)
-            self._running.extend(admitted)
-            self.runner.invalidate()
-        if not self._running:
+        if not self._running and not admitted:
             return
 
-        if self.runner.has_cache:
-            logits = self.runner.decode([r.output_ids[-1] for r in self._running])
-        else:
+        if not self.runner.has_cache:  # first batch, or after new weights / a retract: encode everything
+            self._running.extend(admitted)
             logits = self.runner.prefill([r.prompt_ids + r.output_ids for r in self._running])
             self._prefills += 1
+        elif admitted:  # the running rows take one decode step, the newcomers join the cached batch
+            running = list(self._running)
+            self._running.extend(admitted)  # first: a failing step aborts them too (nobody waits forever)
+            parts = [self.runner.decode([r.output_ids[-1] for r in running])] if running else []
+            parts.append(self.runner.join([r.prompt_ids + r.output_ids for r in admitted]))
+            self._prefills += 1
+            logits = torch.cat(parts) if len(parts) > 1 else parts[0]
+        else:
+            logits = self.runner.decode([r.output_ids[-1] for r in self._running])
         params = [r.params for r in self._running]
         device = self.runner.device
         sampled = sample(
@@ -229,12 +235,15 @@ class Engine:
             zip(self._running, sampled.token_ids.tolist(), sampled.logprobs.tolist(), strict=True)
         ):
             self._append_token(req, token, logprob, now)
-            reason, text = check_stop(req, token, self._decode(req.output_ids, req.params.skip_special_tokens),
-                                      self._eos)
-            req.output_text = text
+            # Decoding the whole output every step is quadratic in its length: only stop strings need the
+            # text while generating; everyone else is decoded once, when they finish.
+            text = self._decode(req.output_ids, req.params.skip_special_tokens) if req.params.stop else ""
+            reason, text = check_stop(req, token, text, self._eos)
             if reason is None:
                 keep.append(row)
             else:
+                req.output_text = text if req.params.stop else self._decode(req.output_ids,
+                                                                            req.params.skip_special_tokens)
                 self._finish(req, reason)
         self._generated += len(self._running)
         self.metrics.throughput.record(len(self._running))

@@ -1,11 +1,12 @@
 """Batched forward passes with a KV cache over a Hugging Face causal LM.
 
-The running batch is left-padded. A *prefill* re-encodes every row's full sequence (prompt plus
-the tokens generated so far) into a fresh cache; a *decode* feeds one token per row. Rows that
-finish are dropped from the cache in place (`batch_select_indices`), so only admissions and
-weight changes cost a prefill. Re-encoding on admission keeps the code simple and exact; the
-price is a larger forward when requests join, which is small for the models the built-in engine
-is meant for (the tiny preset, small models on CPU).
+The running batch is left-padded. A *prefill* encodes full sequences (prompt plus the tokens generated
+so far) into a fresh cache; a *decode* feeds one token per row. Rows that finish are dropped from the
+cache in place (`batch_select_indices`). Requests that join a running batch are prefilled on their own
+and their cache is *merged* into the batch's (`join`): both sides are left-padded to the same width
+(masked out) and concatenated along the batch. So a join costs the newcomers' tokens only, not a
+re-encoding of every running row, which on a real model (SmolLM2-135M on CPU) is what decides whether
+continuous batching beats a static batch. Only weight changes and retracts re-encode the whole batch.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, DynamicCache
 
 
@@ -53,6 +55,28 @@ class ModelRunner:
     @torch.inference_mode()
     def prefill(self, sequences: list[list[int]]) -> torch.Tensor:
         """Encode full sequences into a fresh cache; returns next-token logits [B, V]."""
+        logits, self._state = self._encode(sequences)
+        return logits
+
+    @torch.inference_mode()
+    def join(self, sequences: list[list[int]]) -> torch.Tensor:
+        """Encode ``sequences`` alone and append them as new rows of the cached batch (after its rows).
+
+        Returns the newcomers' next-token logits [n, V]. Without a cached batch this is a prefill.
+        """
+        if self._state is None:
+            return self.prefill(sequences)
+        logits, new = self._encode(sequences)
+        old = self._state
+        width = max(old.attention_mask.shape[1], new.attention_mask.shape[1])
+        for old_layer, new_layer in zip(old.cache.layers, new.cache.layers, strict=True):
+            old_layer.keys = torch.cat([_left_pad(old_layer.keys, width), _left_pad(new_layer.keys, width)])
+            old_layer.values = torch.cat([_left_pad(old_layer.values, width), _left_pad(new_layer.values, width)])
+        old.attention_mask = torch.cat([_left_pad(old.attention_mask, width), _left_pad(new.attention_mask, width)])
+        old.next_position = torch.cat([old.next_position, new.next_position])
+        return logits
+
+    def _encode(self, sequences: list[list[int]]) -> tuple[torch.Tensor, _BatchState]:
         width = max(len(s) for s in sequences)
         ids = torch.full((len(sequences), width), self.pad_token_id, dtype=torch.long)
         mask = torch.zeros((len(sequences), width), dtype=torch.long)
@@ -63,10 +87,11 @@ class ModelRunner:
         ids, mask, positions = ids.to(self.device), mask.to(self.device), positions.to(self.device)
         cache = DynamicCache()
         out = self.model(
-            input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True
+            input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
+            logits_to_keep=1,
         )
-        self._state = _BatchState(cache=cache, attention_mask=mask, next_position=positions[:, -1] + 1)
-        return out.logits[:, -1, :].float()
+        state = _BatchState(cache=cache, attention_mask=mask, next_position=positions[:, -1] + 1)
+        return out.logits[:, -1, :].float(), state
 
     @torch.inference_mode()
     def decode(self, last_tokens: list[int]) -> torch.Tensor:
@@ -77,7 +102,8 @@ class ModelRunner:
         mask = torch.cat([state.attention_mask, torch.ones_like(ids)], dim=-1)
         positions = state.next_position.unsqueeze(-1)
         out = self.model(
-            input_ids=ids, attention_mask=mask, position_ids=positions, cache=state.cache, use_cache=True
+            input_ids=ids, attention_mask=mask, position_ids=positions, cache=state.cache, use_cache=True,
+            logits_to_keep=1,
         )
         state.attention_mask = mask
         state.next_position = state.next_position + 1
@@ -108,6 +134,17 @@ class ModelRunner:
             raise ValueError(problem)
         self.model.load_state_dict(new_model.state_dict(), strict=True)
         self.invalidate()
+
+
+def _left_pad(tensor: torch.Tensor, width: int) -> torch.Tensor:
+    """Pad the sequence dimension on the left to ``width`` with zeros (masked positions).
+
+    Keys and values are [B, H, L, D] (sequence is dim -2); masks are [B, L] (dim -1).
+    """
+    missing = width - (tensor.shape[-2] if tensor.dim() == 4 else tensor.shape[-1])
+    if missing <= 0:
+        return tensor
+    return F.pad(tensor, (0, 0, missing, 0)) if tensor.dim() == 4 else F.pad(tensor, (missing, 0))
 
 
 def state_dict_mismatch(current: dict[str, torch.Tensor], new: dict[str, torch.Tensor]) -> str | None:

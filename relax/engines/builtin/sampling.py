@@ -90,7 +90,12 @@ def sample(
     scaled = logits / temp
     full_logprobs = torch.log_softmax(scaled, dim=-1)
 
-    filtered = _filter_top_p(_filter_top_k(scaled, top_k), top_p)
+    filtered = scaled
+    # Each filter sorts the whole vocabulary; skip it when no row asks for it (the common RL setting).
+    if bool((top_k > 0).any()):
+        filtered = _filter_top_k(filtered, top_k)
+    if bool((top_p < 1.0).any()):
+        filtered = _filter_top_p(filtered, top_p)
     probs = torch.softmax(filtered, dim=-1)
     sampled = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
     chosen = torch.where(greedy, scaled.argmax(dim=-1), sampled)

