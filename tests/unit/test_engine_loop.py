@@ -108,3 +108,42 @@ def test_the_counter_returns_to_zero_when_a_caller_fails(gated: tuple[Engine, Ga
         engine.submit([])
     assert engine._callers_waiting == 0
 
+
+
+def test_submit_and_snapshot_never_wait_for_the_step_in_progress(gated: tuple[Engine, Gate]) -> None:
+    """The loop is held inside a step (lock held, no permits): a submit and a /metrics snapshot still return,
+    the newcomer is counted as queued, a duplicate rid is refused, and the newcomer runs once steps go on."""
+    from relax.engines.builtin.engine import DuplicateRequestId
+
+    engine, gate = gated
+    done = threading.Event()
+    _hold_inside_a_step(engine, gate, done)
+    joined = threading.Event()
+    caller = threading.Thread(target=lambda: engine.submit([Request(
+        rid="new", parent_rid="new", prompt_ids=[4, 5], params=SamplingParams(max_new_tokens=2, ignore_eos=True),
+        arrival=time.monotonic(), on_finish=lambda _req: joined.set())]))
+    caller.start()
+    caller.join(10)
+    assert not caller.is_alive()  # returned while the step still holds the lock
+    assert gate.entered == 4 and engine._steps == 3  # ... and no step ran meanwhile
+    load = engine.snapshot()
+    assert (load.num_running_reqs, load.num_queue_reqs) == (1, 1)
+    assert engine.has_request("new") and engine.has_request("long")
+    with pytest.raises(DuplicateRequestId, match="'long' is already in flight"):
+        engine.submit([Request(rid="long", parent_rid="long", prompt_ids=[1], params=SamplingParams(),
+                               arrival=time.monotonic())])
+    gate.permits.release(1000)
+    assert joined.wait(60) and done.wait(60)
+    assert not engine.has_request("new")  # finished requests leave the rid registry
+    assert engine.snapshot().num_queue_reqs == 0
+
+
+def test_a_submit_wakes_an_idle_loop(gated: tuple[Engine, Gate]) -> None:
+    engine, gate = gated
+    gate.permits.release(1000)
+    for i in range(20):  # an idle loop sleeps on the step lock; every submit must wake it, however timed
+        finished = threading.Event()
+        engine.submit([Request(rid=f"r{i}", parent_rid=f"r{i}", prompt_ids=[1, 2],
+                               params=SamplingParams(max_new_tokens=1), arrival=time.monotonic(),
+                               on_finish=lambda _req, e=finished: e.set())])
+        assert finished.wait(30), f"request {i} was never run"

@@ -5,6 +5,13 @@ wait for their completion callbacks. Every control operation (abort, pause, weig
 flush) takes the same lock as a step, so it happens *between* steps and a request in flight is
 never observed half-updated: after a weight load its cache is rebuilt with the new weights and it
 carries on.
+
+Submitting never waits for a step. New requests land in an inbox behind a lock that is only held
+for a list append; the loop moves them into the waiting queue before each step (and every control
+operation does the same first, so an abort or a snapshot sees them). On a real model a step takes
+~0.1 s on CPU: when a submit had to wait for the step lock, the server's event loop stalled for a
+step per request, a burst of 16 arrived one per step, and each newcomer cost its own join forward
+(measured on SmolLM2-135M: 121 vs 155 tokens/s for the same 16 requests).
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 
 import torch
@@ -25,6 +32,14 @@ from relax.engines.builtin.sampling import sample
 from relax.engines.builtin.scheduler import Capacity, FinishType, Request, RequestQueue, admit, check_stop
 
 log = logging.getLogger(__name__)
+
+
+class DuplicateRequestId(ValueError):
+    """A submitted rid is already queued or running (rids address requests for aborts)."""
+
+    def __init__(self, rid: str) -> None:
+        super().__init__(f"rid {rid!r} is already in flight; use a unique rid per request")
+        self.rid = rid
 
 
 class PauseMode(str, Enum):
@@ -69,11 +84,19 @@ class Engine:
         self._callers_waiting = 0
         self._callers_lock = threading.Lock()
         self._waiting = RequestQueue()
+        # Submissions not yet moved into _waiting, and the rids of every request not yet finished (for the
+        # duplicate-rid check without the step lock); both guarded by _inbox_lock, never held for long.
+        self._inbox: list[Request] = []
+        self._in_flight: dict[str, int] = {}
+        self._inbox_lock = threading.Lock()
+        self._loop_idle = False  # the loop waits on _lock: a submit must wake it (guarded by _inbox_lock)
+        self._closed = False
         self._running: list[Request] = []
         self._paused = False
         self._stopped = False
         self._thread: threading.Thread | None = None
         self._steps = self._prefills = self._generated = self._finished = self._max_batch = 0
+        self._load = LoadSnapshot(0, 0, 0, capacity.max_total_tokens)  # published after every step and turn
 
     @contextmanager
     def _turn(self) -> Iterator[None]:
@@ -93,8 +116,10 @@ class Engine:
             with self._callers_lock:
                 self._callers_waiting -= 1
         try:
+            self._drain_inbox_locked()  # every caller sees what was submitted before it
             yield
         finally:
+            self._publish_load_locked()
             self._lock.notify_all()  # the loop re-checks: new work, a pause lifted, or no caller left
             self._lock.release()
 
@@ -104,6 +129,8 @@ class Engine:
         self._thread.start()
 
     def stop(self) -> None:
+        with self._inbox_lock:
+            self._closed = True
         with self._turn():
             self._stopped = True
             self._abort_locked(None, "server shutting down")
@@ -112,11 +139,31 @@ class Engine:
 
     # ------------------------------------------------------------------ requests
     def submit(self, requests: list[Request]) -> None:
-        with self._turn():
-            if self._stopped:
+        """Queue requests without waiting for the step in progress.
+
+        Raises :class:`DuplicateRequestId` when a rid (or the parent rid of an ``n > 1`` request) is
+        already in flight, before anything is queued.
+        """
+        with self._inbox_lock:
+            if self._closed:
                 raise RuntimeError("engine is shutting down")
+            for parent in dict.fromkeys(r.parent_rid for r in requests):
+                if parent in self._in_flight:
+                    raise DuplicateRequestId(parent)
             for req in requests:
-                self._waiting.push(req)
+                for key in {req.rid, req.parent_rid}:
+                    self._in_flight[key] = self._in_flight.get(key, 0) + 1
+            self._inbox.extend(requests)
+            wake = self._loop_idle
+        if wake:  # the loop sleeps on the step lock's condition: taking a turn notifies it
+            with self._turn():
+                pass
+
+    def _drain_inbox_locked(self) -> None:
+        with self._inbox_lock:
+            arrived, self._inbox = self._inbox, []
+        for req in arrived:
+            self._waiting.push(req)
 
     def abort(self, rid: str | None, message: str = "aborted by request") -> int:
         """Abort requests addressed by rid (all when None); returns how many were aborted."""
@@ -124,8 +171,9 @@ class Engine:
             return self._abort_locked(rid, message)
 
     def has_request(self, rid: str) -> bool:
-        with self._turn():
-            return any(r.matches(rid) for r in [*self._running, *self._waiting])
+        """Whether a request with this rid (or parent rid) is queued or running; never waits for a step."""
+        with self._inbox_lock:
+            return rid in self._in_flight
 
     # ------------------------------------------------------------------ control
     def pause(self, mode: PauseMode) -> None:
@@ -162,13 +210,23 @@ class Engine:
 
     # ------------------------------------------------------------------ observation
     def snapshot(self) -> LoadSnapshot:
-        with self._turn():
-            return LoadSnapshot(
-                num_running_reqs=len(self._running),
-                num_queue_reqs=len(self._waiting),
-                num_used_tokens=sum(r.used_tokens for r in self._running),
-                max_total_num_tokens=self.capacity.max_total_tokens,
-            )
+        """The load as of the last step or control operation, plus what arrived since; never waits.
+
+        ``/metrics`` reads this: a scrape must not wait for a step (a prefill of a real model can take
+        half a second on CPU, and the autoscaler's scrape timeout is shorter than some steps).
+        """
+        load = self._load
+        with self._inbox_lock:
+            arrived = len(self._inbox)
+        return replace(load, num_queue_reqs=load.num_queue_reqs + arrived) if arrived else load
+
+    def _publish_load_locked(self) -> None:
+        self._load = LoadSnapshot(
+            num_running_reqs=len(self._running),
+            num_queue_reqs=len(self._waiting),
+            num_used_tokens=sum(r.used_tokens for r in self._running),
+            max_total_num_tokens=self.capacity.max_total_tokens,
+        )
 
     def stats(self) -> EngineStats:
         with self._turn():
@@ -178,12 +236,19 @@ class Engine:
     def _loop(self) -> None:
         while True:
             with self._lock:
-                while not self._stopped and (
-                    self._callers_waiting or self._paused or not (self._running or len(self._waiting))
-                ):
-                    self._lock.wait()
-                if self._stopped:
-                    return
+                while True:
+                    self._drain_inbox_locked()
+                    if self._stopped:
+                        return
+                    if not (self._callers_waiting or self._paused or not (self._running or len(self._waiting))):
+                        break
+                    with self._inbox_lock:
+                        if self._inbox:  # arrived since the drain: look again instead of sleeping
+                            continue
+                        self._loop_idle = True
+                    self._lock.wait()  # a submit seeing _loop_idle takes a turn, which notifies
+                    with self._inbox_lock:
+                        self._loop_idle = False
                 try:
                     self._step_locked()
                 except Exception as exc:  # a bad step must not kill the server silently
@@ -192,6 +257,7 @@ class Engine:
                         self._finish(req, {"type": FinishType.ABORT.value, "message": f"engine error: {exc}"})
                     self._running = []
                     self.runner.invalidate()
+                self._publish_load_locked()
 
     def _step_locked(self) -> None:
         now = self._clock()
@@ -262,6 +328,13 @@ class Engine:
         req.output_logprobs.append(logprob)
 
     def _finish(self, req: Request, reason: dict) -> None:
+        with self._inbox_lock:
+            for key in {req.rid, req.parent_rid}:
+                left = self._in_flight.get(key, 0) - 1
+                if left > 0:
+                    self._in_flight[key] = left
+                else:
+                    self._in_flight.pop(key, None)
         req.finish_reason = reason
         req.finished_at = self._clock()
         req.weight_version = self.weight_version

@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse, Response
 from transformers import AutoTokenizer
 
 from relax import __version__
-from relax.engines.builtin.engine import Engine, PauseMode
+from relax.engines.builtin.engine import DuplicateRequestId, Engine, PauseMode
 from relax.engines.builtin.metrics import EngineMetrics
 from relax.engines.builtin.model_runner import ModelRunner, load_model, resolve_device
 from relax.engines.builtin.protocol import AbortBody, GenerateBody, PauseBody, UpdateWeightsBody
@@ -132,8 +132,6 @@ class BuiltinServer:
         futures: list[asyncio.Future[EngineRequest]] = []
         requests: list[EngineRequest] = []
         for parent, ids in zip(rids, prompt_ids, strict=True):
-            if self.engine.has_request(parent):
-                raise ApiError(400, f"rid {parent!r} is already in flight; use a unique rid per request")
             for k in range(params.n):
                 fut: asyncio.Future[EngineRequest] = loop.create_future()
                 futures.append(fut)
@@ -145,7 +143,10 @@ class BuiltinServer:
                     rid=parent if params.n == 1 else f"{parent}-{k}", parent_rid=parent, prompt_ids=list(ids),
                     params=params, arrival=now, on_finish=done,
                 ))
-        self.engine.submit(requests)
+        try:
+            self.engine.submit(requests)  # never waits for a step: the event loop keeps serving
+        except DuplicateRequestId as exc:
+            raise ApiError(400, str(exc)) from None
         finished = await asyncio.gather(*futures)
         outputs = [self._format(req, body.return_logprob) for req in finished]
         return outputs if body.batched or params.n > 1 else outputs[0]
@@ -201,7 +202,7 @@ class BuiltinServer:
         except Exception as exc:
             raise ApiError(400, f"could not load weights from {body.model_path!r}: {exc}") from exc
         if body.abort_all_requests:
-            self.engine.abort(None, "aborted by update_weights_from_disk")
+            await asyncio.to_thread(self.engine.abort, None, "aborted by update_weights_from_disk")
         version = None if body.weight_version is None else str(body.weight_version)
         try:
             await asyncio.to_thread(self.engine.load_weights, new_model, version)
@@ -265,12 +266,12 @@ def create_app(server: BuiltinServer) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        text = server.metrics.render(engine.snapshot(), engine.weight_version)
+        text = server.metrics.render(engine.snapshot(), engine.weight_version)  # never waits for a step
         return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache() -> dict[str, Any]:
-        engine.flush_cache()
+        await asyncio.to_thread(engine.flush_cache)
         return {"success": True, "message": "cache flushed"}
 
     @app.post("/pause_generation")
@@ -281,14 +282,14 @@ def create_app(server: BuiltinServer) -> FastAPI:
 
     @app.post("/continue_generation")
     async def continue_generation() -> dict[str, Any]:
-        engine.resume()
+        await asyncio.to_thread(engine.resume)
         return {"success": True}
 
     @app.post("/abort_request")
     async def abort_request(body: AbortBody) -> dict[str, Any]:
         if body.abort_all:
-            return {"success": True, "aborted": engine.abort(None, "aborted by abort_request")}
-        count = engine.abort(body.rid, "aborted by abort_request")
+            return {"success": True, "aborted": await asyncio.to_thread(engine.abort, None, "aborted by abort_request")}
+        count = await asyncio.to_thread(engine.abort, body.rid, "aborted by abort_request")
         if count == 0:
             raise ApiError(404, f"no request with rid {body.rid!r} is queued or running")
         return {"success": True, "aborted": count}
@@ -304,7 +305,7 @@ def create_app(server: BuiltinServer) -> FastAPI:
     @app.get("/get_server_info")
     @app.get("/server_info")
     async def get_server_info() -> dict[str, Any]:
-        return server.server_info()
+        return await asyncio.to_thread(server.server_info)
 
     @app.get("/get_model_info")
     @app.get("/model_info")
