@@ -79,7 +79,7 @@ def main() -> int:
     train = [r for r in rows if r["kind"] == "train"]
     evals = [r for r in rows if r["kind"] == "eval"]
     rewards = [r["rollout/reward_mean"] for r in train]
-    eval_key = next((k for k in (evals[0] if evals else {}) if k.endswith("reward_mean")), None)
+    eval_key = next((k for k in (evals[0] if evals else {}) if k.endswith("/mean_reward")), None)
     report = {
         "benchmark": "real_model_learning", "model": "SmolLM2-135M-Instruct (smollm2 preset)",
         "machine": machine(), "grpo": SMOLLM2_GRPO, "steps_requested": args.steps, "steps_done": len(train),

@@ -48,6 +48,15 @@ class RewardType(str, Enum):
     LAST_NUMBER = "last-number"  # the smollm2 preset's task: the last number of the reply, +1/0
 
 
+class WeightSyncPauseMode(str, Enum):
+    """How an engine is paused around each weight load (SGLang's /pause_generation modes, or none)."""
+
+    RETRACT = "retract"  # running requests re-encode on the new weights: no old KV cache mixed with new tokens
+    IN_PLACE = "in_place"  # keep the old KV cache (cheaper; the tokens after the load attend to old-weight KV)
+    ABORT = "abort"  # end in-flight requests; the router retries them from scratch
+    NONE = "none"  # load unpaused: SGLang then waits for every in-flight request and blocks new ones
+
+
 class KLLossType(str, Enum):
     """KL estimator between the policy and the reference model (slime names)."""
 
@@ -121,6 +130,7 @@ class TrainArgs:
     rollout_backend: str = "auto"
     engine_host: str = "auto"
     sglang_passthrough: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    weight_sync_pause_mode: WeightSyncPauseMode = WeightSyncPauseMode.RETRACT
     # Training
     global_batch_size: int | None = None
     max_tokens_per_gpu: int | None = None
@@ -336,6 +346,11 @@ def _add_rollout_flags(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--engine-host", default="auto", metavar="HOST",
                        help="address engines bind: auto (loopback on one machine, the node IP across nodes), "
                             "node, or an explicit IP")
+    group.add_argument("--weight-sync-pause-mode", type=argtypes.enum_type(WeightSyncPauseMode),
+                       default=WeightSyncPauseMode.RETRACT, metavar=argtypes.choices_metavar(WeightSyncPauseMode),
+                       help="how each engine pauses around a weight load: retract (default: in-flight requests "
+                            "re-encode on the new weights), in_place, abort, or none (SGLang then waits for "
+                            "every in-flight request before loading)")
 
 
 def _add_training_flags(group: argparse._ArgumentGroup) -> None:

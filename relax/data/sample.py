@@ -72,6 +72,9 @@ class Sample:
     loss_mask: tuple[int, ...] | None = None
     finish_reason: FinishReason = FinishReason.STOP
     engine_id: str | None = None
+    # (version, start, end) over the response tokens, from the engine's meta_info.weight_versions; empty
+    # when the engine reports none (then weight_version is the bound the dispatcher knew)
+    weight_version_spans: tuple[tuple[int, int, int], ...] = ()
     reward: float | None = None
     advantage: float | None = None
     metadata: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
@@ -82,6 +85,9 @@ class Sample:
         set_(self, "response_token_ids", _int_tuple("response_token_ids", self.response_token_ids))
         set_(self, "rollout_log_probs", tuple(float(x) for x in self.rollout_log_probs))
         set_(self, "finish_reason", FinishReason.parse(self.finish_reason))
+        set_(self, "weight_version_spans", tuple(tuple(int(x) for x in span) for span in self.weight_version_spans))
+        if any(len(span) != 3 for span in self.weight_version_spans):
+            raise ValueError("weight_version_spans must be (version, start, end) triples")
         n = len(self.response_token_ids)
         if self.loss_mask is None:
             set_(self, "loss_mask", (1,) * n)
@@ -128,6 +134,7 @@ class Sample:
         d["finish_reason"] = self.finish_reason.value
         for key in ("prompt_token_ids", "response_token_ids", "rollout_log_probs", "loss_mask"):
             d[key] = list(d[key])
+        d["weight_version_spans"] = [list(span) for span in self.weight_version_spans]
         return d
 
     @classmethod

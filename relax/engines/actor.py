@@ -64,6 +64,29 @@ DEFAULT_LOG_DIR = os.path.join(tempfile.gettempdir(), "relax", "engines")
 _PORT_RETRIES = 2
 
 
+#: How an engine is paused around a weight load (SGLang's /pause_generation modes), or "none".
+#: retract (default): running requests go back to the queue and re-encode on the new weights, so no token is
+#: computed from a KV cache of the old weights mixed with new ones; in_place keeps that cache (cheaper, mixes);
+#: abort ends in-flight requests (the router retries them); none loads unpaused (SGLang then waits for every
+#: in-flight request first and blocks new ones).
+PAUSE_MODES = ("retract", "in_place", "abort", "none")
+#: Control calls (pause, continue) answer at once on a healthy engine.
+CONTROL_TIMEOUT_S = 60.0
+#: A load may take this long plus the time to read its bytes at the slowest rate we accept.
+LOAD_BASE_S = 120.0
+LOAD_MIN_BYTES_PER_S = 100e6
+
+
+def load_timeout_s(nbytes: int) -> float:
+    """Time budget of one weight load: grows with the bytes (8 GB of Qwen3-4B bf16 -> 200 s; 0.5 GB -> 125 s)."""
+    return LOAD_BASE_S + max(0, nbytes) / LOAD_MIN_BYTES_PER_S
+
+
+def _check(response: Any, engine_id: str, what: str) -> None:
+    if response.status_code != 200:
+        raise RuntimeError(f"{engine_id}: {what} failed: HTTP {response.status_code} {response.text[:300]}")
+
+
 def build_launch_spec(
     backend: str,
     engine_id: str,
@@ -266,43 +289,63 @@ class EngineActor:
 
     # -- queries ----------------------------------------------------------------------------------
 
-    def sync_weights(self, version: int, bucket_refs: list[Any]) -> dict[str, Any]:
+    def sync_weights(self, version: int, bucket_refs: list[Any], pause_mode: str = "retract") -> dict[str, Any]:
         """Pull weight version `version` from the object store and load it into the server.
 
         (docs/architecture.md, "Weights and staleness".)
 
-        The buckets are written as safetensors under local shared memory on this node and loaded with
-        `/update_weights_from_disk`: one path for SGLang and the built-in engine, and an engine that
-        joins late simply pulls the latest version. Returns timings for the publication metrics.
+        The buckets are written as safetensors under local shared memory on this node, then the engine is
+        paused (``pause_mode``), loads them with `/update_weights_from_disk` and continues: one path for
+        SGLang and the built-in engine. The pause is SGLang's rule, not a nicety: an unpaused SGLang server
+        takes a writer lock for the load that first waits for every in-flight generation (minutes at 8k-16k
+        tokens) and blocks new ones. ``pause_mode`` ``none`` loads unpaused (that stall included). Time
+        limits grow with the bytes moved. Returns timings for the publication metrics.
         """
-        import httpx
-
         from relax.training.weights import cleanup_old, default_weights_root, materialize
 
+        if pause_mode not in PAUSE_MODES:
+            raise ValueError(f"pause_mode must be one of {', '.join(PAUSE_MODES)}, got {pause_mode!r}")
         if self._server is None or not self._server.alive:
             raise RuntimeError(f"{self.engine_id}: cannot sync weights, the server is not running")
         began = time.monotonic()
         buckets = ray.get(list(bucket_refs))
         pulled = time.monotonic()
+        nbytes = sum(t.numel() * t.element_size() for bucket in buckets for t in bucket.values())
         root = default_weights_root(self.engine_id)
         out_dir = materialize(buckets, self.model_path, root / f"v{version}")
         written = time.monotonic()
-        response = httpx.post(
-            f"{self._server.url}/update_weights_from_disk",
-            json={"model_path": str(out_dir), "weight_version": str(version)},
-            timeout=600,
-            trust_env=False,
-        )
-        if response.status_code != 200:
-            raise RuntimeError(f"{self.engine_id}: update_weights_from_disk v{version} failed: "
-                               f"HTTP {response.status_code} {response.text[:300]}")
+        paused_s = self._load_paused(out_dir, version, pause_mode, load_timeout_s(nbytes))
         loaded = time.monotonic()
         cleanup_old(root, keep=1)
         self.weight_version = version
-        logger.info("%s: weights v%d loaded (pull %.2fs, write %.2fs, load %.2fs)", self.engine_id, version,
-                    pulled - began, written - pulled, loaded - written)
-        return {"engine_id": self.engine_id, "version": version, "pull_s": pulled - began,
-                "write_s": written - pulled, "load_s": loaded - written}
+        logger.info("%s: weights v%d loaded, %.1f MiB (pull %.2fs, write %.2fs, load %.2fs, paused %.2fs, mode %s)",
+                    self.engine_id, version, nbytes / 2**20, pulled - began, written - pulled, loaded - written,
+                    paused_s, pause_mode)
+        return {"engine_id": self.engine_id, "version": version, "bytes": nbytes, "pull_s": pulled - began,
+                "write_s": written - pulled, "load_s": loaded - written, "paused_s": paused_s}
+
+    def _load_paused(self, out_dir: Path, version: int, pause_mode: str, timeout_s: float) -> float:
+        """pause -> /update_weights_from_disk -> continue (always continue); returns the seconds paused."""
+        import httpx
+
+        assert self._server is not None
+        with httpx.Client(base_url=self._server.url, timeout=CONTROL_TIMEOUT_S, trust_env=False,
+                          headers=self._auth_headers()) as http:
+            paused_at = time.monotonic()
+            if pause_mode != "none":
+                _check(http.post("/pause_generation", json={"mode": pause_mode}), self.engine_id, "pause_generation")
+            try:
+                response = http.post("/update_weights_from_disk", timeout=timeout_s,
+                                     json={"model_path": str(out_dir), "weight_version": str(version)})
+                _check(response, self.engine_id, f"update_weights_from_disk v{version}")
+            finally:
+                if pause_mode != "none":
+                    _check(http.post("/continue_generation", json={}), self.engine_id, "continue_generation")
+            return time.monotonic() - paused_at if pause_mode != "none" else 0.0
+
+    def _auth_headers(self) -> dict[str, str]:
+        token = getattr(self.options, "api_key", None)
+        return {"Authorization": f"Bearer {token}"} if token else {}
 
     def info(self) -> dict[str, Any] | None:
         """What ``start`` returned, or None before the engine is ready."""

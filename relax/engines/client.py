@@ -27,6 +27,24 @@ _MAX_BODY_IN_MESSAGE = 500
 
 _UNSET: Any = object()
 
+#: Where old SGLang builds reported the weight version; 0.5.23 has no such route (it is in /model_info).
+LEGACY_WEIGHT_VERSION_ROUTE = "/get_weight_version"
+
+#: Every SGLang route this client calls (checked against the SGLang contract snapshot, scripts/).
+SGLANG_ROUTES_USED: tuple[str, ...] = (
+    "/generate",
+    "/health",
+    "/health_generate",
+    "/metrics",
+    "/flush_cache",
+    "/pause_generation",
+    "/continue_generation",
+    "/abort_request",
+    "/update_weights_from_disk",
+    "/server_info",
+    "/model_info",
+)
+
 
 class EngineError(RuntimeError):
     """An engine call failed; carries where, what and why so logs and the router can act on it."""
@@ -354,20 +372,42 @@ class EngineClient:
     # -- identity ---------------------------------------------------------------------------------
 
     async def get_server_info(self) -> dict[str, Any]:
-        """``GET /get_server_info``: the server's arguments and state (used to vet external engines)."""
-        return await self._get_json("/get_server_info")
+        """``GET /server_info``: the server's arguments and state (used to vet external engines).
+
+        SGLang 0.5.23 still answers ``/get_server_info`` but logs a deprecation warning on every call.
+        """
+        return await self._get_json("/server_info")
 
     async def get_model_info(self) -> dict[str, Any]:
-        """``GET /get_model_info``: model path and kind."""
-        return await self._get_json("/get_model_info")
+        """``GET /model_info``: model path, kind and the weight version served."""
+        return await self._get_json("/model_info")
 
     async def get_weight_version(self) -> str:
-        """``GET /get_weight_version``: the version string the engine currently serves."""
-        endpoint = "/get_weight_version"
-        body = await self._get_json(endpoint)
+        """The version string the engine serves, from ``/model_info`` (SGLang has no other route for it).
+
+        Builds older than ``/model_info``'s ``weight_version`` field answered ``/get_weight_version``;
+        that route is tried only when ``/model_info`` lacks the field or does not exist.
+        """
+        endpoint = "/model_info"
+        try:
+            body = await self._get_json(endpoint)
+        except EngineError as exc:
+            if exc.status_code != 404:
+                raise
+            body = None
+        if not isinstance(body, dict) or "weight_version" not in body:
+            endpoint = LEGACY_WEIGHT_VERSION_ROUTE
+            try:
+                body = await self._get_json(endpoint)
+            except EngineError as exc:
+                if exc.status_code != 404:
+                    raise
+                body = None
         if not isinstance(body, dict) or "weight_version" not in body:
             raise EngineError(
-                f"{self.base_url}{endpoint} returned {body!r}, expected {{'weight_version': ...}}",
+                f"{self.base_url} reports no weight version: /model_info has no 'weight_version' and "
+                f"{LEGACY_WEIGHT_VERSION_ROUTE} is missing; is it an SGLang server started with --weight-version "
+                "(SGLang >= 0.5)?",
                 url=self.base_url,
                 endpoint=endpoint,
             )

@@ -145,6 +145,7 @@ class Driver:
             engine_host=a.engine_host,
             sglang_mem_fraction_static=a.sglang_mem_fraction_static,
             sglang_extra_args=tuple(a.sglang_extra_args),
+            weight_sync_pause_mode=a.weight_sync_pause_mode.value,
         )
 
     def _start(self) -> int:
@@ -289,7 +290,8 @@ class Driver:
         record = {
             "step": step,
             "trainer_version": trainer_version,
-            "sample_versions": [s.weight_version for s in samples],
+            "sample_versions": [s.weight_version for s in samples],  # the oldest version behind any token
+            "sample_version_spans": [[list(span) for span in s.weight_version_spans] for s in samples],
             "prompt_indices": sorted({s.prompt_index for s in samples}),
         }
         versions_log.write(json.dumps(record) + "\n")
@@ -339,7 +341,8 @@ class Driver:
             for s in samples:
                 f.write(json.dumps({
                     "step": step, "prompt_index": s.prompt_index, "sample_index": s.sample_index,
-                    "weight_version": s.weight_version, "engine_id": s.engine_id,
+                    "weight_version": s.weight_version,
+                    "weight_version_spans": [list(x) for x in s.weight_version_spans], "engine_id": s.engine_id,
                     "finish_reason": s.finish_reason.value, "reward": s.reward, "label": s.label,
                     "response_text": s.response_text, "response_token_ids": list(s.response_token_ids),
                 }) + "\n")

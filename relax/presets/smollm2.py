@@ -124,11 +124,11 @@ def smollm2_problems(seed: int = 0, n_eval: int = N_EVAL) -> tuple[list[Problem]
 
 def convert_model(gguf: Path, out: Path) -> int:
     """Write the dequantised model and its tokenizer to ``out``; returns the parameter count."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()  # one line of output per build, not three progress bars
+    hf_logging.disable_progress_bar()  # transformers' own bars (the GGUF reader's tqdm bar still shows)
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)

@@ -53,7 +53,12 @@ class EngineHTTP(Protocol):
 
     async def get_weight_version(self) -> str: ...
 
-    async def update_weights_from_disk(self, model_path: str, weight_version: str) -> Any: ...
+    async def update_weights_from_disk(self, model_path: str, weight_version: str, *,
+                                       timeout: float | None = None) -> Any: ...
+
+    async def pause_generation(self, mode: str = "abort") -> Any: ...
+
+    async def continue_generation(self) -> Any: ...
 
     async def abort_request(self, rid: str | None = None, *, abort_all: bool = False) -> Any: ...
 
@@ -70,6 +75,8 @@ class FleetSettings:
     health_timeout_s: float = 120.0
     drain_timeout_s: float = 30.0
     shutdown_timeout_s: float = 30.0
+    #: How an engine is paused around each weight load (relax.engines.actor.PAUSE_MODES).
+    weight_sync_pause_mode: str = "retract"
 
 
 class EngineFleet:
@@ -99,6 +106,7 @@ class EngineFleet:
         self._slots: dict[str, EngineSlot] = {}
         self._clients: dict[str, EngineHTTP] = {}
         self._sync_locks: dict[str, asyncio.Lock] = {}
+        self._syncing: set[str] = set()  # engines loading weights now (not health-probed meanwhile)
         self._drain_events: dict[str, asyncio.Event] = {}
         self._cancelled: set[str] = set()
         self._background: set[asyncio.Task[Any]] = set()
@@ -264,10 +272,15 @@ class EngineFleet:
                 record = self.pool.get(engine_id)
                 if latest is None or (record.weight_version or 0) >= latest.version:
                     return
-                if record.kind is EngineKind.EXTERNAL:
-                    await self._sync_external(engine_id, latest)
-                else:
-                    await self.launcher.sync_weights(engine_id, latest.version, list(latest.bucket_refs))
+                self._syncing.add(engine_id)  # paused or loading: its health probe would fail, by design
+                try:
+                    if record.kind is EngineKind.EXTERNAL:
+                        await self._sync_external(engine_id, latest)
+                    else:
+                        await self.launcher.sync_weights(engine_id, latest.version, list(latest.bucket_refs),
+                                                         self.settings.weight_sync_pause_mode)
+                finally:
+                    self._syncing.discard(engine_id)
                 self.pool.set_weight_version(engine_id, latest.version)
 
     async def _sync_external(self, engine_id: str, latest: Any) -> None:
@@ -277,7 +290,15 @@ class EngineFleet:
         buckets = [await ref for ref in latest.bucket_refs]
         root = default_weights_root(f"external-{engine_id}")
         path = await asyncio.to_thread(materialize, buckets, self.settings.model_path, root / f"v{latest.version}")
-        await self._clients[engine_id].update_weights_from_disk(str(path), str(latest.version))
+        client = self._clients[engine_id]
+        mode = self.settings.weight_sync_pause_mode
+        if mode != "none":
+            await client.pause_generation(mode)
+        try:
+            await client.update_weights_from_disk(str(path), str(latest.version), timeout=None)
+        finally:
+            if mode != "none":
+                await client.continue_generation()
         await asyncio.to_thread(cleanup_old, root, 1)
 
     # ------------------------------------------------------------------ taking engines out
@@ -419,7 +440,8 @@ class EngineFleet:
 
         async def probe(engine_id: str) -> None:
             client = self._clients.get(engine_id)
-            if client is None:
+            if client is None or engine_id in self._syncing:  # we paused it to load weights: not a failure
+                failures.pop(engine_id, None)
                 return
             if await self.launcher.is_alive(engine_id, HEALTH_TIMEOUT_S) is False:
                 await self.on_engine_failure(engine_id, RuntimeError("server process exited"), confirmed=True)

@@ -10,7 +10,7 @@ back complete. Rewards are computed here and advantages are normalised within th
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -53,6 +53,34 @@ class Dispatcher(Protocol):
 RewardFn = Callable[[str, str], float]
 
 
+def sample_version(meta: Mapping[str, Any], dispatch_version: int) -> tuple[int, tuple[tuple[int, int, int], ...]]:
+    """The version a sample counts as for staleness, and its spans (docs/training.md, "Weights and staleness").
+
+    SGLang reports ``weight_version`` = the *newest* version that produced a token and, per finished
+    request, ``weight_versions`` spans. A sample is only as fresh as its oldest token, so the oldest span
+    wins. Without spans (older builds) the answer is ``min(reported, dispatch version)``: an update may
+    have landed mid-request, and the version known when it was sent is the honest bound.
+    """
+    spans = _parse_spans(meta.get("weight_versions"))
+    if spans:
+        return min(v for v, _start, _end in spans), spans
+    try:
+        reported = int(meta.get("weight_version", dispatch_version))
+    except (TypeError, ValueError):
+        reported = dispatch_version
+    return min(reported, dispatch_version), ()
+
+
+def _parse_spans(raw: Any) -> tuple[tuple[int, int, int], ...]:
+    """``[{"version": "3", "start": 0, "end": 7}, ...]`` as int triples; anything malformed counts as none."""
+    if not isinstance(raw, list):
+        return ()
+    try:
+        return tuple((int(s["version"]), int(s["start"]), int(s["end"])) for s in raw)
+    except (TypeError, ValueError, KeyError):
+        return ()
+
+
 def sample_from_output(
     gen: Generation,
     *,
@@ -66,12 +94,7 @@ def sample_from_output(
 ) -> Sample:
     meta = gen.output["meta_info"]
     logprobs = [float(lp) for lp, _tok, *_ in meta.get("output_token_logprobs") or []]
-    try:
-        reported = int(meta.get("weight_version", gen.dispatch_version))
-    except (TypeError, ValueError):
-        reported = gen.dispatch_version
-    # A weight update can land while a request is in flight; the older version is the honest one.
-    version = min(reported, gen.dispatch_version)
+    version, spans = sample_version(meta, gen.dispatch_version)
     return Sample(
         prompt_index=prompt_index,
         group_id=group_id,
@@ -81,6 +104,7 @@ def sample_from_output(
         response_text=gen.output.get("text", ""),
         label=label,
         weight_version=max(0, version),
+        weight_version_spans=spans,
         rollout_step=rollout_step,
         rollout_log_probs=tuple(logprobs),
         finish_reason=FinishReason.parse(meta.get("finish_reason")),

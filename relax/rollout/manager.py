@@ -87,6 +87,7 @@ class ManagerConfig:
     scale_in_drain_timeout_s: float = 30.0
     scale_in_shutdown_timeout_s: float = 30.0
     health_timeout_s: float = 120.0
+    weight_sync_pause_mode: str = "retract"  # relax.engines.actor.PAUSE_MODES
     engine_host: str = "auto"
     sglang_mem_fraction_static: float | None = None
     sglang_extra_args: tuple[str, ...] = ()
@@ -140,7 +141,8 @@ class RolloutManager:
             FleetSettings(model_path=config.model_path, gpus_per_engine=config.gpus_per_engine,
                           request_timeout_s=config.request_timeout_s, health_timeout_s=config.health_timeout_s,
                           drain_timeout_s=config.scale_in_drain_timeout_s,
-                          shutdown_timeout_s=config.scale_in_shutdown_timeout_s),
+                          shutdown_timeout_s=config.scale_in_shutdown_timeout_s,
+                          weight_sync_pause_mode=config.weight_sync_pause_mode),
             on_change=self._state_changed.set,
         )
         self.executor = ScaleExecutor(

@@ -153,7 +153,7 @@ async def test_requests_joining_a_running_batch_keep_exact_logprobs(client, tiny
              for content in ("What is 3 + 4?", "Add 9 and 8, then say the answer twice please.", "1 + 1?")]
     ids = [tokenizer.encode(t) for t in texts]
     params = {"max_new_tokens": 40, "temperature": 1.0, "ignore_eos": True}
-    before = (await client.get("/get_server_info")).json()["stats"]
+    before = (await client.get("/server_info")).json()["stats"]
     (first,) = await _freeze_running(client, [{
         "input_ids": ids[0], "return_logprob": True, "sampling_params": {**params, "max_new_tokens": 120}}])
     try:  # the first request is frozen mid-generation with its cache: the others must join it
@@ -163,7 +163,7 @@ async def test_requests_joining_a_running_batch_keep_exact_logprobs(client, tiny
     finally:
         await client.post("/continue_generation")
     outs = [(await t).json() for t in (first, *joiners)]
-    after = (await client.get("/get_server_info")).json()["stats"]
+    after = (await client.get("/server_info")).json()["stats"]
     assert outs[0]["meta_info"]["completion_tokens"] == 120
     assert after["prefills"] - before["prefills"] >= 2  # the first one's prefill, then the joiners' own encode
     for prompt_ids, out in zip(ids, outs, strict=True):
@@ -178,19 +178,19 @@ async def _queued_at_least(client: httpx.AsyncClient, n: int) -> bool:
 
 async def test_concurrent_requests_are_batched(client, engine, prompt_text) -> None:
     params = {"max_new_tokens": 32, "ignore_eos": True}
-    before = (await client.get("/get_server_info")).json()["stats"]
+    before = (await client.get("/server_info")).json()["stats"]
     results = await asyncio.gather(*[
         client.post("/generate", json={"text": prompt_text, "sampling_params": params}) for _ in range(12)
     ])
     assert all(r.json()["meta_info"]["completion_tokens"] == 32 for r in results)
-    after = (await client.get("/get_server_info")).json()["stats"]
+    after = (await client.get("/server_info")).json()["stats"]
     assert after["max_batch_size"] == 4  # the engine's --max-running-requests
     assert after["steps"] - before["steps"] < 12 * 32  # fewer forward steps than tokens
 
     # arriving together, 12 requests x 32 tokens take about 12 / 4 waves of 32 steps
     r = await client.post("/generate", json={"text": [prompt_text] * 12, "sampling_params": params})
     assert [o["meta_info"]["completion_tokens"] for o in r.json()] == [32] * 12
-    final = (await client.get("/get_server_info")).json()["stats"]
+    final = (await client.get("/server_info")).json()["stats"]
     assert final["steps"] - after["steps"] <= 12 * 32 / 4 + 4
 
 
@@ -245,11 +245,11 @@ async def test_health_info_and_cache_endpoints(client, tiny_preset) -> None:
     assert (await client.get("/health")).status_code == 200
     assert (await client.get("/health_generate")).json() == {"status": "ok"}
     assert (await client.post("/flush_cache")).json()["success"] is True
-    info = (await client.get("/get_server_info")).json()
+    info = (await client.get("/server_info")).json()
     assert info["engine"] == "relax-builtin" and info["max_running_requests"] == 4
-    model = (await client.get("/get_model_info")).json()
+    model = (await client.get("/model_info")).json()
     assert model["is_generation"] is True and model["model_path"] == str(tiny_preset.model_dir)
-    assert (await client.get("/get_weight_version")).json() == {"weight_version": "0"}
+    assert (await client.get("/model_info")).json()["weight_version"] == "0"
 
 
 async def test_abort_by_rid_and_all(client, prompt_text) -> None:
@@ -284,10 +284,28 @@ async def test_pause_in_place_holds_requests_until_continue(client, prompt_text)
 
         await _poll(queued)
         assert not task.done()
-        assert (await client.get("/health_generate")).json() == {"status": "paused"}
+        health = asyncio.create_task(client.get("/health"))  # as SGLang's: a generation, so it waits too
     finally:
         await client.post("/continue_generation")
     assert (await task).status_code == 200
+    assert (await health).status_code == 200
+
+
+async def test_health_fails_like_sglangs_while_generation_is_paused(tiny_preset, start_engine) -> None:
+    """SGLang's /health runs a one-token generation and answers 503 when none comes within
+    SGLANG_HEALTH_CHECK_TIMEOUT (20 s): a paused engine (or one loading behind the writer lock) looks
+    unhealthy. The manager must know and not probe what it paused."""
+    server = start_engine(tiny_preset.model_dir, env={"SGLANG_HEALTH_CHECK_TIMEOUT": "1"})
+    async with httpx.AsyncClient(base_url=server.url, timeout=30, trust_env=False) as http:
+        assert (await http.get("/health")).status_code == 200
+        await http.post("/pause_generation", json={"mode": "retract"})
+        try:
+            r = await http.get("/health")
+            assert r.status_code == 503 and "did not answer within 1s" in r.json()["error"]["message"]
+            assert (await _metrics(http))["sglang:num_queue_reqs"] == 0  # the timed-out probe left no request
+        finally:
+            await http.post("/continue_generation", json={})
+        assert (await http.get("/health_generate")).status_code == 200
 
 
 async def test_pause_abort_mode_aborts_in_flight(client, prompt_text) -> None:
@@ -353,4 +371,4 @@ async def test_bad_control_input_and_server_keeps_serving(client, tmp_path, prom
     assert r.status_code == 400 and "no weight files" in r.json()["error"]["message"]
     r = await client.post("/generate", json={"text": prompt_text, "sampling_params": {"max_new_tokens": 2}})
     assert r.status_code == 200
-    assert (await client.get("/get_weight_version")).json() == {"weight_version": "0"}
+    assert (await client.get("/model_info")).json()["weight_version"] == "0"

@@ -216,6 +216,8 @@ def test_sigterm_evicts_an_elastic_engine_with_drain_and_cleanup(elastic) -> Non
 
 def test_external_engines_attach_idempotently_and_leave_by_url(elastic, start_engine, tiny_preset) -> None:
     server = start_engine(tiny_preset.model_dir)
+    # as SGLang 0.5.23: no /get_weight_version; attach must read the version from /model_info
+    assert httpx.get(f"{server.url}/get_weight_version", timeout=10, trust_env=False).status_code == 404
     status, body = call(elastic, "scale_out", {"engine_urls": [server.url]})
     assert status == 200, body
     assert finished(elastic, "scale_out", body["request_id"])["status"] == "ACTIVE"

@@ -70,9 +70,12 @@ async def test_reload_changes_outputs_version_and_keeps_in_flight_requests(
 
     survivor = (await in_flight).json()
     assert survivor["meta_info"]["finish_reason"] == {"type": "length", "length": 230}
-    assert survivor["meta_info"]["weight_version"] == "1"
+    assert survivor["meta_info"]["weight_version"] == "1"  # the newest version that made a token, as SGLang
+    (old, new) = survivor["meta_info"]["weight_versions"]  # it crossed the load: two spans
+    assert (old["version"], old["start"], new["version"], new["end"]) == ("0", 0, "1", 230)
+    assert 0 < old["end"] == new["start"] < 230
 
-    assert (await client.get("/get_weight_version")).json() == {"weight_version": "1"}
+    assert (await client.get("/model_info")).json()["weight_version"] == "1"
     after = (await client.post("/generate", json=greedy)).json()
     assert after["meta_info"]["weight_version"] == "1"
     before_lp = [lp for lp, _, _ in before["meta_info"]["output_token_logprobs"]]
@@ -84,5 +87,5 @@ async def test_reload_changes_outputs_version_and_keeps_in_flight_requests(
     # weights of another shape are refused and the served version is untouched
     r = await client.post("/update_weights_from_disk", json={"model_path": str(mismatched_dir), "weight_version": "2"})
     assert r.status_code == 400 and "do not match" in r.json()["error"]["message"]
-    assert (await client.get("/get_weight_version")).json() == {"weight_version": "1"}
+    assert (await client.get("/model_info")).json()["weight_version"] == "1"
     assert (await client.post("/generate", json=greedy)).json()["output_ids"] == after["output_ids"]

@@ -72,7 +72,7 @@ async def test_engine_logprobs_match_teacher_forced_also_when_joining(smollm2_pr
     assert len({len(i) for i in ids}) > 1  # different prompt lengths: the merge must pad and align them
     params = {"max_new_tokens": 12, "temperature": 0.7, "ignore_eos": True}
     async with httpx.AsyncClient(base_url=smollm2_engine.url, timeout=120, trust_env=False) as client:
-        before = (await client.get("/get_server_info")).json()["stats"]
+        before = (await client.get("/server_info")).json()["stats"]
         (first,) = await _freeze_running(client, [{
             "input_ids": ids[0], "return_logprob": True, "sampling_params": {**params, "max_new_tokens": 24}}])
         try:  # the first request is frozen mid-generation with its cache: the others must join it
@@ -82,10 +82,66 @@ async def test_engine_logprobs_match_teacher_forced_also_when_joining(smollm2_pr
         finally:
             await client.post("/continue_generation")
         outs = [(await t).json() for t in (first, *joiners)]
-        after = (await client.get("/get_server_info")).json()["stats"]
+        after = (await client.get("/server_info")).json()["stats"]
     assert after["prefills"] - before["prefills"] >= 2  # the first one's prefill, then the joiners' own encode
     assert [o["meta_info"]["completion_tokens"] for o in outs] == [24, 12, 12]
     for prompt_ids, out in zip(ids, outs, strict=True):
         expected = teacher_forced_logprobs(smollm2_preset.model_dir, prompt_ids, out["output_ids"], 0.7)
         got = [lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]]
         assert max(abs(g - e) for g, e in zip(got, expected, strict=True)) < 1e-4
+
+
+async def _running(client: httpx.AsyncClient, n: int) -> bool:
+    from tests.integration.test_builtin_engine import _metrics
+
+    return (await _metrics(client))["sglang:num_running_reqs"] >= n
+
+
+def _spans(out: dict) -> list[tuple[str, int, int]]:
+    return [(s["version"], s["start"], s["end"]) for s in out["meta_info"]["weight_versions"]]
+
+
+async def test_unpaused_load_waits_for_in_flight_requests_and_blocks_new_ones(smollm2_preset, smollm2_engine) -> None:
+    """SGLang's writer lock: /update_weights_from_disk on an engine that is not paused lets every in-flight
+    generation finish on the old weights and holds new ones until the load is done. A real model's ~60 ms
+    steps give the long request seconds to run while the update waits."""
+    long_body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 48, "ignore_eos": True}}
+    async with httpx.AsyncClient(base_url=smollm2_engine.url, timeout=300, trust_env=False) as client:
+        version = (await client.get("/model_info")).json()["weight_version"]
+        new_version = str(int(version) + 1)
+        long = asyncio.create_task(client.post("/generate", json=long_body))
+        await _poll(lambda: _running(client, 1))
+        update = asyncio.create_task(client.post("/update_weights_from_disk", json={
+            "model_path": str(smollm2_preset.model_dir), "weight_version": new_version}))
+        await asyncio.sleep(0)  # let the update go out before the newcomer
+        newcomer = asyncio.create_task(client.post("/generate", json={
+            "input_ids": [4, 5], "sampling_params": {"max_new_tokens": 4, "ignore_eos": True}}))
+        assert not long.done()  # precondition: the long request was in flight when the update came
+        long_out, loaded, new_out = (await long).json(), (await update).json(), (await newcomer).json()
+    assert loaded["success"] is True
+    assert _spans(long_out) == [(version, 0, 48)]  # finished entirely on the old weights
+    assert _spans(new_out) == [(new_version, 0, 4)]  # held until the load was done
+    assert new_out["meta_info"]["weight_version"] == new_version
+
+
+async def test_paused_load_is_immediate_and_spans_show_the_crossing(smollm2_preset, smollm2_engine) -> None:
+    """Pause (retract) -> load -> continue, the manager's order: the load does not wait, and a request that
+    crossed it reports both versions (SGLang's meta_info.weight_versions), its newest as weight_version."""
+    async with httpx.AsyncClient(base_url=smollm2_engine.url, timeout=300, trust_env=False) as client:
+        version = (await client.get("/model_info")).json()["weight_version"]
+        new_version = str(int(version) + 1)
+        long = asyncio.create_task(client.post("/generate", json={
+            "input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 24, "ignore_eos": True}}))
+        await _poll(lambda: _running(client, 1))
+        await client.post("/pause_generation", json={"mode": "retract"})
+        try:
+            loaded = (await client.post("/update_weights_from_disk", json={
+                "model_path": str(smollm2_preset.model_dir), "weight_version": new_version})).json()
+            assert loaded["success"] is True and not long.done()  # loaded while the request waited
+        finally:
+            await client.post("/continue_generation", json={})
+        out = (await long).json()
+    spans = _spans(out)
+    assert [s[0] for s in spans] == [version, new_version], spans
+    assert spans[0][1] == 0 and 0 < spans[0][2] == spans[1][1] < spans[1][2] == 24
+    assert out["meta_info"]["weight_version"] == new_version

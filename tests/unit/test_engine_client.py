@@ -124,17 +124,27 @@ def build_app(rec: Recorder, state: dict[str, Any]) -> FastAPI:
         state["version"] = body["weight_version"]
         return {"success": True, "message": "ok", "num_paused_requests": 0}
 
+    # SGLang 0.5.23's shape: the version is in /model_info, /get_weight_version does not exist, the /get_*
+    # aliases are deprecated. state["legacy"] plays an older build: /model_info without the version, and
+    # /get_weight_version present. state["no_version"]: neither.
     @app.get("/get_weight_version")
-    async def weight_version() -> dict[str, str]:
+    async def weight_version() -> Any:
+        if not state.get("legacy"):
+            return JSONResponse({"detail": "Not Found"}, status_code=404)
         return {"weight_version": state["version"]}
 
+    @app.get("/server_info")
     @app.get("/get_server_info")
     async def server_info() -> dict[str, Any]:
         return {"tp_size": 1, "weight_version": state["version"]}
 
+    @app.get("/model_info")
     @app.get("/get_model_info")
     async def model_info() -> dict[str, Any]:
-        return {"model_path": "/m", "is_generation": True}
+        info: dict[str, Any] = {"model_path": "/m", "is_generation": True}
+        if not (state.get("legacy") or state.get("no_version")):
+            info["weight_version"] = state["version"]
+        return info
 
     @app.post("/validated")
     async def validated(body: NeedsField) -> dict[str, int]:
@@ -179,7 +189,7 @@ def engine() -> Iterator[EngineDouble]:
 
 @pytest.fixture
 async def client(engine: EngineDouble):
-    engine.state.update(version="0", unhealthy=False)
+    engine.state.update(version="0", unhealthy=False, legacy=False, no_version=False)
     async with EngineClient(engine.url, timeout=5.0, token="s3cret") as c:
         yield c
 
@@ -379,9 +389,26 @@ async def test_update_weights_from_disk(client: EngineClient, engine: EngineDoub
     assert await client.get_weight_version() == "3"
 
 
-async def test_identity_endpoints(client: EngineClient) -> None:
+async def test_identity_endpoints(client: EngineClient, engine: EngineDouble) -> None:
+    engine.rec.calls.clear()
     assert (await client.get_server_info())["tp_size"] == 1
     assert (await client.get_model_info())["model_path"] == "/m"
+    assert await client.get_weight_version() == "0"
+    # the current routes only: SGLang logs a deprecation warning for every /get_* call
+    assert [path for _m, path, _b, _h in engine.rec.calls] == ["/server_info", "/model_info", "/model_info"]
+
+
+async def test_weight_version_falls_back_to_the_legacy_route(client: EngineClient, engine: EngineDouble) -> None:
+    engine.state.update(legacy=True, version="7")
+    engine.rec.calls.clear()
+    assert await client.get_weight_version() == "7"
+    assert [path for _m, path, _b, _h in engine.rec.calls] == ["/model_info", "/get_weight_version"]
+
+
+async def test_no_weight_version_anywhere_is_one_clear_error(client: EngineClient, engine: EngineDouble) -> None:
+    engine.state.update(no_version=True)
+    with pytest.raises(EngineError, match="reports no weight version: /model_info has no 'weight_version'"):
+        await client.get_weight_version()
 
 
 async def test_aclose_and_context_manager(engine: EngineDouble) -> None:

@@ -30,6 +30,7 @@ from relax.engines.builtin.metrics import EngineMetrics, LoadSnapshot
 from relax.engines.builtin.model_runner import ModelRunner
 from relax.engines.builtin.sampling import sample
 from relax.engines.builtin.scheduler import Capacity, FinishType, Request, RequestQueue, admit, check_stop
+from relax.engines.builtin.versions import VersionChange, version_spans
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ class PauseMode(str, Enum):
 
 @dataclass(frozen=True)
 class EngineStats:
-    """Lifetime counters, exposed by /get_server_info; the batching tests read max_batch_size."""
+    """Lifetime counters, exposed by /server_info; the batching tests read max_batch_size."""
 
     steps: int
     prefills: int
@@ -97,6 +98,7 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._steps = self._prefills = self._generated = self._finished = self._max_batch = 0
         self._load = LoadSnapshot(0, 0, 0, capacity.max_total_tokens)  # published after every step and turn
+        self.last_output_at = 0.0  # time.monotonic() of the last step that produced tokens
 
     @contextmanager
     def _turn(self) -> Iterator[None]:
@@ -204,7 +206,10 @@ class Engine:
         """Swap weights between two steps; in-flight requests continue on the new weights."""
         with self._turn():
             self.runner.load_weights_from(new_model)
-            if weight_version is not None:
+            if weight_version is not None and weight_version != self.weight_version:
+                for req in [*self._running, *self._waiting]:  # what the old weights produced so far
+                    if req.output_ids:
+                        req.version_changes.append(VersionChange(self.weight_version, len(req.output_ids)))
                 self.weight_version = weight_version
             log.info("weights loaded, weight_version=%s, in_flight=%d", self.weight_version, len(self._running))
 
@@ -296,6 +301,7 @@ class Engine:
         self._steps += 1
         self._max_batch = max(self._max_batch, len(self._running))
         now = self._clock()
+        self.last_output_at = time.monotonic()  # the health check's "any output since" (never the test clock)
         keep: list[int] = []
         for row, (req, token, logprob) in enumerate(
             zip(self._running, sampled.token_ids.tolist(), sampled.logprobs.tolist(), strict=True)
@@ -337,7 +343,8 @@ class Engine:
                     self._in_flight.pop(key, None)
         req.finish_reason = reason
         req.finished_at = self._clock()
-        req.weight_version = self.weight_version
+        req.version_spans = version_spans(req.version_changes, self.weight_version, len(req.output_ids))
+        req.weight_version = req.version_spans[-1].version
         if reason["type"] == FinishType.ABORT.value:
             req.output_text = self._decode(req.output_ids, req.params.skip_special_tokens)
         else:

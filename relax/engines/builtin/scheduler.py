@@ -16,6 +16,7 @@ from enum import Enum
 from typing import Any
 
 from relax.engines.builtin.sampling import SamplingParams
+from relax.engines.builtin.versions import VersionChange, VersionSpan
 
 
 class FinishType(str, Enum):
@@ -42,7 +43,9 @@ class Request:
     finished_at: float | None = None
     finish_reason: dict[str, Any] | None = None
     output_text: str = ""
-    weight_version: str = ""
+    weight_version: str = ""  # at finish: the newest version that produced a token (SGLang's meta_info)
+    version_changes: list[VersionChange] = field(default_factory=list)  # updates seen while generating
+    version_spans: list[VersionSpan] = field(default_factory=list)  # at finish: which version made which tokens
 
     @property
     def reserved_tokens(self) -> int:

@@ -7,7 +7,9 @@ Routes are thin: they validate (protocol.py), tokenize, and hand requests to the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
 import time
 import uuid
 from dataclasses import asdict, dataclass
@@ -25,12 +27,15 @@ from relax.engines.builtin.engine import DuplicateRequestId, Engine, PauseMode
 from relax.engines.builtin.metrics import EngineMetrics
 from relax.engines.builtin.model_runner import ModelRunner, load_model, resolve_device
 from relax.engines.builtin.protocol import AbortBody, GenerateBody, PauseBody, UpdateWeightsBody
+from relax.engines.builtin.rwlock import WriterPreferringLock
 from relax.engines.builtin.scheduler import Capacity
 from relax.engines.builtin.scheduler import Request as EngineRequest
 
 log = logging.getLogger("relax.engine")
 
-HEALTH_GENERATE_TIMEOUT_S = 30.0
+# As SGLang: a health probe is a one-token generation that must answer within this many seconds
+# (SGLANG_HEALTH_CHECK_TIMEOUT, default 20), else 503.
+HEALTH_CHECK_TIMEOUT_S = float(os.environ.get("SGLANG_HEALTH_CHECK_TIMEOUT", "20"))
 
 
 @dataclass(frozen=True)
@@ -106,6 +111,9 @@ class BuiltinServer:
         )
         self.model_path = str(model_dir)
         self._started_at = time.time()
+        # Every generation holds it as a reader; a weight load on an unpaused engine takes it as the writer
+        # (waits for in-flight generations, blocks new ones), exactly as SGLang's tokenizer manager does.
+        self.update_lock = WriterPreferringLock()
 
     def _eos_ids(self, model: torch.nn.Module) -> frozenset[int]:
         ids: set[int] = set()
@@ -143,11 +151,12 @@ class BuiltinServer:
                     rid=parent if params.n == 1 else f"{parent}-{k}", parent_rid=parent, prompt_ids=list(ids),
                     params=params, arrival=now, on_finish=done,
                 ))
-        try:
-            self.engine.submit(requests)  # never waits for a step: the event loop keeps serving
-        except DuplicateRequestId as exc:
-            raise ApiError(400, str(exc)) from None
-        finished = await asyncio.gather(*futures)
+        async with self.update_lock.reader():
+            try:
+                self.engine.submit(requests)  # never waits for a step: the event loop keeps serving
+            except DuplicateRequestId as exc:
+                raise ApiError(400, str(exc)) from None
+            finished = await asyncio.gather(*futures)
         outputs = [self._format(req, body.return_logprob) for req in finished]
         return outputs if body.batched or params.n > 1 else outputs[0]
 
@@ -185,7 +194,8 @@ class BuiltinServer:
             "prompt_tokens": len(req.prompt_ids),
             "completion_tokens": len(req.output_ids),
             "cached_tokens": 0,
-            "weight_version": req.weight_version,
+            "weight_version": req.weight_version,  # the newest version that produced a token, as SGLang
+            "weight_versions": [span.to_json() for span in req.version_spans],
             "e2e_latency": (req.finished_at or 0.0) - req.arrival,
         }
         if return_logprob:
@@ -196,7 +206,18 @@ class BuiltinServer:
 
     # ------------------------------------------------------------------ weights
     async def update_weights(self, body: UpdateWeightsBody) -> dict[str, Any]:
+        """``/update_weights_from_disk``: on a paused engine at once; otherwise behind the writer lock.
+
+        SGLang's rule, kept on purpose: an unpaused engine finishes every in-flight generation (and
+        accepts no new one) before it loads, so a caller that does not pause stalls the engine for as long
+        as its longest request — which is why the manager pauses, loads and continues.
+        """
         path = _check_weights_dir(body.model_path)
+        lock = self.update_lock.writer() if not self.engine.paused else contextlib.nullcontext()
+        async with lock:
+            return await self._load_weights(path, body)
+
+    async def _load_weights(self, path: Path, body: UpdateWeightsBody) -> dict[str, Any]:
         try:
             new_model = await asyncio.to_thread(load_model, path, torch.device("cpu"))
         except Exception as exc:
@@ -249,19 +270,28 @@ def create_app(server: BuiltinServer) -> FastAPI:
         return await server.generate(body)
 
     @app.get("/health")
-    async def health() -> dict[str, str]:
-        return {"status": "ok"}
-
     @app.get("/health_generate")
-    async def health_generate() -> dict[str, str]:
-        if engine.paused:  # alive, generation intentionally paused (weight sync)
-            return {"status": "paused"}
+    async def health() -> dict[str, str]:
+        """SGLang's health check: a one-token generation, 503 when it does not answer in time.
+
+        So, as on SGLang, a probe fails while generation is paused for longer than the timeout or while a
+        weight load holds the writer lock; the manager does not probe an engine it is loading.
+        """
         probe = GenerateBody(input_ids=[0], sampling_params={"max_new_tokens": 1, "temperature": 0.0},
                              rid=f"health-{uuid.uuid4().hex}")
+        began = time.monotonic()
+        task = asyncio.ensure_future(server.generate(probe))
         try:
-            await asyncio.wait_for(server.generate(probe), HEALTH_GENERATE_TIMEOUT_S)
-        except asyncio.TimeoutError:
-            raise ApiError(503, "health generation did not finish in time") from None
+            # Healthy once the probe answers or the engine produced any token since it was sent (a busy
+            # engine need not fit the probe into a full batch): SGLang's rule.
+            while not task.done() and engine.last_output_at <= began:
+                if time.monotonic() - began > HEALTH_CHECK_TIMEOUT_S:
+                    raise ApiError(503, f"health generation did not answer within {HEALTH_CHECK_TIMEOUT_S:g}s")
+                await asyncio.sleep(0.02)
+        finally:
+            if not task.done():
+                task.cancel()
+                await asyncio.to_thread(engine.abort, probe.rid, "health check answered")
         return {"status": "ok"}
 
     @app.get("/metrics")
@@ -298,17 +328,13 @@ def create_app(server: BuiltinServer) -> FastAPI:
     async def update_weights_from_disk(body: UpdateWeightsBody) -> dict[str, Any]:
         return await server.update_weights(body)
 
-    @app.api_route("/get_weight_version", methods=["GET", "POST"])
-    async def get_weight_version() -> dict[str, str]:
-        return {"weight_version": engine.weight_version}
-
-    @app.get("/get_server_info")
     @app.get("/server_info")
+    @app.get("/get_server_info")  # SGLang keeps this alias (deprecated, a warning per call)
     async def get_server_info() -> dict[str, Any]:
         return await asyncio.to_thread(server.server_info)
 
-    @app.get("/get_model_info")
-    @app.get("/model_info")
+    @app.get("/model_info")  # carries weight_version: SGLang 0.5.23 has no /get_weight_version
+    @app.get("/get_model_info")  # deprecated alias, as in SGLang
     async def get_model_info() -> dict[str, Any]:
         return server.model_info()
 
