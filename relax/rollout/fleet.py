@@ -107,6 +107,7 @@ class EngineFleet:
         self._clients: dict[str, EngineHTTP] = {}
         self._sync_locks: dict[str, asyncio.Lock] = {}
         self._syncing: set[str] = set()  # engines loading weights now (not health-probed meanwhile)
+        self.last_syncs: dict[str, dict[str, Any]] = {}  # per engine: its last weight load's timings
         self._drain_events: dict[str, asyncio.Event] = {}
         self._cancelled: set[str] = set()
         self._background: set[asyncio.Task[Any]] = set()
@@ -260,7 +261,10 @@ class EngineFleet:
             for eid, res in zip(behind, results, strict=True):
                 if isinstance(res, BaseException):
                     await self.on_engine_failure(eid, res, confirmed=True)  # never serve stale weights
-            log.info("weights v%d on %d engine(s) in %.2fs", latest.version, len(behind), time.monotonic() - began)
+            paused = [self.last_syncs.get(eid, {}).get("paused_s") for eid in behind]
+            paused = [p for p in paused if p is not None]
+            log.info("weights v%d on %d engine(s) in %.2fs (engines paused %s)", latest.version, len(behind),
+                     time.monotonic() - began, f"max {max(paused):.2f}s" if paused else "n/a")
             self._on_change()
 
     async def sync_to_latest(self, engine_id: str) -> None:
@@ -273,17 +277,21 @@ class EngineFleet:
                 if latest is None or (record.weight_version or 0) >= latest.version:
                     return
                 self._syncing.add(engine_id)  # paused or loading: its health probe would fail, by design
+                began = time.monotonic()
                 try:
                     if record.kind is EngineKind.EXTERNAL:
-                        await self._sync_external(engine_id, latest)
+                        timings = await self._sync_external(engine_id, latest)
                     else:
-                        await self.launcher.sync_weights(engine_id, latest.version, list(latest.bucket_refs),
-                                                         self.settings.weight_sync_pause_mode)
+                        timings = await self.launcher.sync_weights(engine_id, latest.version,
+                                                                   list(latest.bucket_refs),
+                                                                   self.settings.weight_sync_pause_mode)
                 finally:
                     self._syncing.discard(engine_id)
+                self.last_syncs[engine_id] = {**(timings or {}), "version": latest.version,
+                                              "total_s": time.monotonic() - began}
                 self.pool.set_weight_version(engine_id, latest.version)
 
-    async def _sync_external(self, engine_id: str, latest: Any) -> None:
+    async def _sync_external(self, engine_id: str, latest: Any) -> dict[str, Any]:
         """External engines load from a directory this process writes: they must share its filesystem."""
         from relax.training.weights import cleanup_old, default_weights_root, materialize
 
@@ -292,6 +300,7 @@ class EngineFleet:
         path = await asyncio.to_thread(materialize, buckets, self.settings.model_path, root / f"v{latest.version}")
         client = self._clients[engine_id]
         mode = self.settings.weight_sync_pause_mode
+        paused_at = time.monotonic()
         if mode != "none":
             await client.pause_generation(mode)
         try:
@@ -299,7 +308,9 @@ class EngineFleet:
         finally:
             if mode != "none":
                 await client.continue_generation()
+        paused_s = time.monotonic() - paused_at if mode != "none" else 0.0
         await asyncio.to_thread(cleanup_old, root, 1)
+        return {"paused_s": paused_s}
 
     # ------------------------------------------------------------------ taking engines out
     async def retire(

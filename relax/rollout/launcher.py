@@ -50,8 +50,13 @@ class EngineLauncher(Protocol):
         """Start the engine's server in ``slot`` and wait until it answers; ``{"url", "node_id", ...}``."""
         ...
 
-    async def sync_weights(self, engine_id: str, version: int, bucket_refs: list[Any], pause_mode: str) -> None:
-        """Load weight version ``version`` (bucketed object-store refs): pause (``pause_mode``), load, continue."""
+    async def sync_weights(
+        self, engine_id: str, version: int, bucket_refs: list[Any], pause_mode: str
+    ) -> Mapping[str, Any]:
+        """Load weight version ``version`` (bucketed object-store refs): pause (``pause_mode``), load, continue.
+
+        Returns the timings (``pull_s``, ``write_s``, ``load_s``, ``paused_s``, ``bytes``) when known.
+        """
         ...
 
     async def is_alive(self, engine_id: str, timeout_s: float) -> bool | None:
@@ -129,8 +134,10 @@ class RayEngineLauncher:
                     ray.kill(actor, no_restart=True)
         raise AssertionError("unreachable")
 
-    async def sync_weights(self, engine_id: str, version: int, bucket_refs: list[Any], pause_mode: str) -> None:
-        await self._actors[engine_id].sync_weights.remote(version, list(bucket_refs), pause_mode)
+    async def sync_weights(
+        self, engine_id: str, version: int, bucket_refs: list[Any], pause_mode: str
+    ) -> Mapping[str, Any]:
+        return await self._actors[engine_id].sync_weights.remote(version, list(bucket_refs), pause_mode)
 
     async def is_alive(self, engine_id: str, timeout_s: float) -> bool | None:
         actor = self._actors.get(engine_id)

@@ -392,6 +392,7 @@ class RolloutManager:
             "staleness_blocked_fraction": self.gate.blocked_fraction(),
             "tokens_generated": self._tokens_generated,
             "latest_published": self.weights.latest_version or 0,
+            "weight_syncs": {eid: dict(t) for eid, t in self.fleet.last_syncs.items()},
         }
 
     async def report_training(self, metrics: dict[str, Any]) -> None:
