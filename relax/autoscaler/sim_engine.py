@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from relax.autoscaler.metrics import EngineMetrics, Histogram
-from relax.engines.builtin.metrics import LATENCY_BUCKETS
 
 __all__ = ["EngineModel", "LatencyCounter", "Observer", "SimEngine", "SimRequest"]
 
@@ -71,8 +70,15 @@ class SimRequest:
         self.finish_v = 0.0
 
 
+#: The bounds the published policy comparison (benchmarks/results/autoscaler.md) was simulated with; the
+#: built-in engine now exports SGLang's exact per-histogram bounds, which are coarser above 1 s.
+LATENCY_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 60.0,
+)
+
+
 class LatencyCounter:
-    """A cumulative Prometheus-style histogram on the built-in engine's SGLang-like buckets."""
+    """A cumulative Prometheus-style histogram over LATENCY_BUCKETS."""
 
     BOUNDS: tuple[float, ...] = (*LATENCY_BUCKETS, math.inf)
 

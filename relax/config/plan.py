@@ -109,6 +109,8 @@ class Plan:
     gpus_per_engine: int
     initial_engines: int
     trainer_bundles: tuple[Bundle, ...]
+    # One bundle of all the engine's GPUs per engine: a bundle lives on one node, so the tensor-parallel ranks
+    # share it, and an EngineActor holding every GPU of its bundle makes Ray show the server all of them.
     initial_engine_bundles: tuple[tuple[Bundle, ...], ...]  # one bundle list per initial engine
     elastic_engine_bundles: tuple[Bundle, ...]  # template for each scaled-out engine (no markers)
     placement_strategy: str
@@ -409,6 +411,8 @@ def build_plan(
     group = _node_group(env) if affinity is AffinityStatus.ON else None
     markers = ((f"{group}_gpu", 1.0), (f"{group}_cpu", 1.0)) if group else ()
     baseline = Bundle(markers=markers)
+    engine_markers = ((f"{group}_gpu", float(per_engine)), (f"{group}_cpu", 1.0)) if group else ()
+    engine_bundle = Bundle(gpu=float(per_engine), markers=engine_markers)
     batch = batch_geometry(args)
     if batch.global_batch_size % resources.actor_gpus:
         notes.append(
@@ -421,8 +425,8 @@ def build_plan(
         gpus_per_engine=per_engine,
         initial_engines=initial,
         trainer_bundles=(baseline,) * resources.actor_gpus,
-        initial_engine_bundles=((baseline,) * per_engine,) * initial,
-        elastic_engine_bundles=(Bundle(),) * per_engine,
+        initial_engine_bundles=((engine_bundle,),) * initial,
+        elastic_engine_bundles=(Bundle(gpu=float(per_engine)),),
         placement_strategy=PLACEMENT_STRATEGY,
         affinity=affinity,
         node_group=group,
@@ -466,7 +470,7 @@ def validate_plan_against_cluster(plan: Plan, cluster_resources: Mapping[str, fl
     cpus = float(cluster_resources.get("CPU", 0.0))
     if cpus < cpus_needed:
         problems.append(
-            f"the cluster has {cpus:g} CPUs but the baseline bundles need {cpus_needed:g} (1 per GPU); "
+            f"the cluster has {cpus:g} CPUs but the baseline bundles need {cpus_needed:g} (1 per bundle); "
             "add CPUs to the GPU nodes"
         )
     problems.extend(_marker_problems(plan, cluster_resources))
@@ -553,11 +557,12 @@ def format_plan(plan: Plan) -> str:
         (
             "rollout",
             f"{plan.initial_engines} initial engines × {plan.gpus_per_engine} GPU = {plan.rollout_gpus} GPUs; "
-            f"bundles per engine {plan.gpus_per_engine} × {engine_bundle}",
+            f"one bundle per engine {engine_bundle} (its server sees {plan.gpus_per_engine} GPU"
+            f"{'s' if plan.gpus_per_engine > 1 else ''})",
         ),
         (
             "elastic engines",
-            f"{plan.gpus_per_engine} × {_bundle_text(plan.elastic_engine_bundles[0])} each, "
+            f"one bundle {_bundle_text(plan.elastic_engine_bundles[0])} each, "
             f"strategy {plan.placement_strategy}, no node-group markers",
         ),
         ("engine bounds", _bounds_text(plan)),

@@ -91,12 +91,14 @@ class RayEngineLauncher:
     backend: str
     model_path: str
     spawn_kwargs: dict[str, Any] = field(default_factory=dict)
+    gpus_per_engine: int = 1
     _actors: dict[str, Any] = field(default_factory=dict)
 
     def reserve(self, engine_id: str, gpus: int) -> EngineSlot:
         from ray.util.placement_group import placement_group
 
-        bundles = [{"GPU": 1, "CPU": 1} for _ in range(gpus)]
+        # one bundle of all its GPUs: one node, and the actor (so its server) sees every one of them
+        bundles = [{"GPU": gpus, "CPU": 1}]
         return EngineSlot(placement_group(bundles, strategy="PACK", name=f"relax-{engine_id}"), 0, owns_group=True)
 
     async def wait_placed(self, slot: EngineSlot) -> None:
@@ -115,7 +117,7 @@ class RayEngineLauncher:
                 self.model_path,
                 placement_group=slot.placement_group,
                 bundle_index=slot.bundle_index,
-                num_gpus=1,
+                num_gpus=self.gpus_per_engine,
                 num_cpus=1,
                 weight_version=0,
                 **self.spawn_kwargs,

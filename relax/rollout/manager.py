@@ -180,7 +180,7 @@ class RolloutManager:
             "log_dir": self.cfg.engine_log_dir,
             "env": self.cfg.engine_env,
             "on_eviction": (me, "notify_eviction"),
-        })
+        }, gpus_per_engine=self.cfg.gpus_per_engine)
 
     # ------------------------------------------------------------------ engines
     async def start_initial_engines(self, bundles: list[tuple[Any, int]]) -> list[dict[str, Any]]:

@@ -241,8 +241,12 @@ def test_resource_role_without_gpus_is_a_note():
 
 def test_rollout_gpus_must_divide_into_engines():
     plan = _plan(_base("--rollout-num-gpus-per-engine", "2"))
-    assert (plan.initial_engines, plan.gpus_per_engine, len(plan.initial_engine_bundles[0])) == (2, 2, 2)
-    assert len(plan.elastic_engine_bundles) == 2
+    assert (plan.initial_engines, plan.gpus_per_engine) == (2, 2)
+    # one 2-GPU bundle per engine (one node; the server sees both GPUs), markers scaled with the GPUs
+    assert [[b.to_ray() for b in engine] for engine in plan.initial_engine_bundles] == [[{"GPU": 2.0, "CPU": 1.0}]] * 2
+    assert [b.to_ray() for b in plan.elastic_engine_bundles] == [{"GPU": 2.0, "CPU": 1.0}]
+    assert plan.baseline_gpus == 8 and sum(b.gpu for b in plan.baseline_bundles) == 8
+    assert "one bundle per engine {GPU: 2, CPU: 1} (its server sees 2 GPUs)" in format_plan(plan)
     with pytest.raises(ConfigError, match="rollout GPUs \\(4\\) are not divisible by --rollout-num-gpus-per-engine 3"):
         _plan(_base("--rollout-num-gpus-per-engine", "3"))
 

@@ -13,11 +13,18 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
 
-# Buckets close to SGLang's defaults: fine resolution below a second, a long tail for queues.
-LATENCY_BUCKETS = (
-    0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 60.0,
+# SGLang 0.5.23's default bucket bounds (srt/observability/metrics_collector.py), so a P95 read from the
+# built-in engine's histograms has the same resolution as one read from a real server.
+QUEUE_TIME_BUCKETS = (
+    0.0, 0.001, 0.005, 0.01, 0.05, 0.1, 0.2, 0.5, 1, 2, 3, 4, 5, 10, 15, 20, 30, 40, 50, 60, 70, 80, 90, 100,
+    200, 300, 400, 500, 600, 700, 800, 900, 1000, 1200, 1400, 1600, 1800, 2000, 2500, 3000,
 )
-TOKEN_LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5)
+TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
+E2E_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400, 600, 1200, 1800, 2400)
+INTER_TOKEN_BUCKETS = (
+    0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060, 0.080, 0.100, 0.200,
+    0.400, 0.600, 0.800, 1.0, 2.0, 4.0, 6.0, 8.0,
+)
 
 
 class ThroughputWindow:
@@ -84,16 +91,16 @@ class EngineMetrics:
         self._throughput = gauge("sglang:gen_throughput", "Generated tokens per second (5 s window)")
         self._weight_version = gauge("relax:engine_weight_version", "Weight version being served")
         self.queue_time = histogram(
-            "sglang:queue_time_seconds", "Time from arrival to first scheduling", LATENCY_BUCKETS
+            "sglang:queue_time_seconds", "Time from arrival to first scheduling", QUEUE_TIME_BUCKETS
         ).labels(**self._labels)
         self.ttft = histogram(
-            "sglang:time_to_first_token_seconds", "Time from arrival to the first output token", LATENCY_BUCKETS
+            "sglang:time_to_first_token_seconds", "Time from arrival to the first output token", TTFT_BUCKETS
         ).labels(**self._labels)
         self.itl = histogram(
-            "sglang:inter_token_latency_seconds", "Time between consecutive output tokens", TOKEN_LATENCY_BUCKETS
+            "sglang:inter_token_latency_seconds", "Time between consecutive output tokens", INTER_TOKEN_BUCKETS
         ).labels(**self._labels)
         self.e2e = histogram(
-            "sglang:e2e_request_latency_seconds", "Time from arrival to completion", LATENCY_BUCKETS
+            "sglang:e2e_request_latency_seconds", "Time from arrival to completion", E2E_BUCKETS
         ).labels(**self._labels)
         self.throughput = ThroughputWindow(clock=clock)
 
