@@ -39,7 +39,7 @@ def test_gauges_reflect_snapshot_and_histograms_observe() -> None:
     clock = FakeClock()
     metrics = EngineMetrics("tiny", clock=clock)
     metrics.queue_time.observe(0.3)
-    metrics.ttft.observe(100.0)  # lands in +Inf only
+    metrics.ttft.observe(500.0)  # beyond SGLang's last TTFT bound (400 s): lands in +Inf only
     text = metrics.render(LoadSnapshot(3, 5, 250, 1000), weight_version="7")
     s = _samples(text)
     assert s["sglang:num_running_reqs"] == 3
@@ -48,9 +48,27 @@ def test_gauges_reflect_snapshot_and_histograms_observe() -> None:
     assert s["sglang:num_used_tokens"] == 250
     assert s["sglang:max_total_num_tokens"] == 1000
     assert s["relax:engine_weight_version"] == 7
-    assert s["sglang:queue_time_seconds_bucket[0.25]"] == 0 and s["sglang:queue_time_seconds_bucket[0.5]"] == 1
-    assert s["sglang:time_to_first_token_seconds_bucket[60.0]"] == 0
+    assert s["sglang:queue_time_seconds_bucket[0.2]"] == 0 and s["sglang:queue_time_seconds_bucket[0.5]"] == 1
+    assert s["sglang:time_to_first_token_seconds_bucket[400.0]"] == 0
     assert s["sglang:time_to_first_token_seconds_bucket[+Inf]"] == 1
+
+
+def test_histogram_bounds_are_sglangs() -> None:
+    """SGLang 0.5.23's default bounds (metrics_collector.py): queue 0..3000 s in 40 bounds, TTFT 0.1..400 s,
+    inter-token 0.002..8 s, e2e 0.1..2400 s, so P95s read from either engine have the same resolution."""
+    text = EngineMetrics("m").render(LoadSnapshot(0, 0, 0, 1), "0").decode()
+    bounds: dict[str, list[float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.endswith("_bucket") and sample.labels["le"] != "+Inf":
+                bounds.setdefault(sample.name.removesuffix("_bucket"), []).append(float(sample.labels["le"]))
+    spans = {name: (len(b), min(b), max(b)) for name, b in bounds.items()}
+    assert spans == {
+        "sglang:queue_time_seconds": (40, 0.0, 3000.0),
+        "sglang:time_to_first_token_seconds": (18, 0.1, 400.0),
+        "sglang:inter_token_latency_seconds": (23, 0.002, 8.0),
+        "sglang:e2e_request_latency_seconds": (22, 0.1, 2400.0),
+    }
 
 
 def test_each_engine_has_its_own_registry() -> None:
