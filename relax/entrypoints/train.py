@@ -146,6 +146,7 @@ class Driver:
             sglang_mem_fraction_static=a.sglang_mem_fraction_static,
             sglang_extra_args=tuple(a.sglang_extra_args),
             weight_sync_pause_mode=a.weight_sync_pause_mode.value,
+            engine_api_key=os.environ.get("RELAX_SGLANG_API_KEY") or None,
         )
 
     def _start(self) -> int:

@@ -25,7 +25,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from relax.engines.client import EngineClient, EngineError
@@ -77,6 +77,8 @@ class FleetSettings:
     shutdown_timeout_s: float = 30.0
     #: How an engine is paused around each weight load (relax.engines.actor.PAUSE_MODES).
     weight_sync_pause_mode: str = "retract"
+    #: Bearer token of the engines (SGLang's --api-key), sent on every call; never logged.
+    engine_api_key: str | None = field(default=None, repr=False)
 
 
 class EngineFleet:
@@ -91,7 +93,7 @@ class EngineFleet:
         launcher: EngineLauncher,
         settings: FleetSettings,
         *,
-        client_factory: Callable[[str, float], EngineHTTP] | None = None,
+        client_factory: Callable[[str, float, str | None], EngineHTTP] | None = None,
         on_change: Callable[[], None] = lambda: None,
     ) -> None:
         self.pool = pool
@@ -164,7 +166,7 @@ class EngineFleet:
             if self.pool.get(engine_id).state is EngineState.PENDING:
                 self.pool.transition(engine_id, EngineState.STARTING)
             self.pool.transition(engine_id, EngineState.HEALTH_CHECKING)
-            client = self._client_factory(url, self.settings.request_timeout_s)
+            client = self._client_factory(url, self.settings.request_timeout_s, self.settings.engine_api_key)
             self._clients[engine_id] = client
             await client.health_generate(timeout=self.settings.health_timeout_s)
             if self.pool.get(engine_id).kind is EngineKind.EXTERNAL:
@@ -487,8 +489,8 @@ class EngineFleet:
         self._clients.clear()
 
 
-def _http_client(url: str, timeout: float) -> EngineClient:
-    return EngineClient(url, timeout=timeout)
+def _http_client(url: str, timeout: float, token: str | None = None) -> EngineClient:
+    return EngineClient(url, timeout=timeout, token=token)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -88,6 +88,8 @@ class ManagerConfig:
     scale_in_shutdown_timeout_s: float = 30.0
     health_timeout_s: float = 120.0
     weight_sync_pause_mode: str = "retract"  # relax.engines.actor.PAUSE_MODES
+    # SGLang's --api-key (from RELAX_SGLANG_API_KEY): passed to every SGLang server and sent on every engine call
+    engine_api_key: str | None = field(default=None, repr=False)
     engine_host: str = "auto"
     sglang_mem_fraction_static: float | None = None
     sglang_extra_args: tuple[str, ...] = ()
@@ -142,7 +144,8 @@ class RolloutManager:
                           request_timeout_s=config.request_timeout_s, health_timeout_s=config.health_timeout_s,
                           drain_timeout_s=config.scale_in_drain_timeout_s,
                           shutdown_timeout_s=config.scale_in_shutdown_timeout_s,
-                          weight_sync_pause_mode=config.weight_sync_pause_mode),
+                          weight_sync_pause_mode=config.weight_sync_pause_mode,
+                          engine_api_key=config.engine_api_key),
             on_change=self._state_changed.set,
         )
         self.executor = ScaleExecutor(
@@ -170,7 +173,7 @@ class RolloutManager:
         if backend == "sglang":
             options = SGLangOptions(tp_size=self.cfg.gpus_per_engine,
                                     mem_fraction_static=self.cfg.sglang_mem_fraction_static,
-                                    extra_args=self.cfg.sglang_extra_args)
+                                    extra_args=self.cfg.sglang_extra_args, api_key=self.cfg.engine_api_key)
         else:
             options = BuiltinOptions(max_running_requests=self.cfg.max_running_requests, num_threads=1)
         me = ray.get_runtime_context().current_actor

@@ -101,7 +101,7 @@ async def test_fleet_and_executor_run_without_a_cluster(start_engine, tiny_prese
     fleet = EngineFleet(pool, router, events, weights, launcher,
                         FleetSettings(model_path=str(tiny_preset.model_dir), request_timeout_s=60,
                                       health_timeout_s=60, drain_timeout_s=60, shutdown_timeout_s=5),
-                        client_factory=lambda url, timeout: EngineClient(url, timeout=timeout))
+                        client_factory=lambda url, timeout, token: EngineClient(url, timeout=timeout, token=token))
     executor = ScaleExecutor(pool, fleet, events, ScalingSettings(initial_engines=1, max_engines=3))
     try:
         await fleet.start_initial([("stable-group", 0)])
