@@ -17,6 +17,10 @@ Design choices, and why:
   read as "just under the limit" exactly when latency is off the scale.
 * Parsing uses ``prometheus_client``'s own text parser; samples are matched by sample name so a
   server that omits ``# TYPE`` lines still parses.
+* Gauges are summed over ranks, but SGLang's ``--enable-priority-scheduling`` writes the queue gauges
+  twice (the total under ``priority=""``, a breakdown under ``priority="<n>"``), so where a breakdown is
+  present only the total is read (``_rank_values``). Histograms need no such rule: each request is
+  observed once, under its own priority, so their label sets partition the observations.
 """
 
 from __future__ import annotations
@@ -67,6 +71,8 @@ HISTOGRAMS: dict[str, str] = {
 # Gauges summed over label sets (one engine may export several, e.g. per data-parallel rank);
 # token_usage is a ratio and is averaged instead.
 _AVERAGED = frozenset({"token_usage"})
+# SGLang's label for the per-priority breakdown of the queue gauges; "" (or no label) marks the total.
+PRIORITY_LABEL = "priority"
 # Without these an engine cannot be called idle, so scale-in waits for them (missing is not idle).
 REQUIRED_FOR_SCALE_IN: tuple[str, ...] = ("token_usage", "num_queue_reqs", "gen_throughput")
 P95 = 0.95
@@ -217,7 +223,7 @@ class EngineMetrics:
 
 def parse_engine_metrics(text: str) -> EngineMetrics:
     """Parse one engine's ``/metrics`` text; raises ``MetricsParseError`` for malformed text."""
-    gauge_values: dict[str, list[float]] = {name: [] for name in GAUGES}
+    gauge_samples: dict[str, list[tuple[dict[str, str], float]]] = {name: [] for name in GAUGES}
     by_metric = {metric: name for name, metric in GAUGES.items()}
     series: dict[str, dict[tuple, _Series]] = {name: {} for name in HISTOGRAMS}
     suffixes = {}
@@ -230,7 +236,7 @@ def parse_engine_metrics(text: str) -> EngineMetrics:
                 value = float(sample.value)
                 if sample.name in by_metric:
                     if not math.isnan(value):
-                        gauge_values[by_metric[sample.name]].append(value)
+                        gauge_samples[by_metric[sample.name]].append((dict(sample.labels), value))
                 elif sample.name in suffixes:
                     name, suffix = suffixes[sample.name]
                     labels = {k: v for k, v in sample.labels.items() if k != "le"}
@@ -240,7 +246,8 @@ def parse_engine_metrics(text: str) -> EngineMetrics:
     except (ValueError, TypeError, IndexError) as error:
         raise MetricsParseError(f"not Prometheus text exposition format ({error})") from None
     values: dict[str, Any] = {}
-    for name, seen in gauge_values.items():
+    for name, samples in gauge_samples.items():
+        seen = _rank_values(samples)
         if seen:
             values[name] = sum(seen) / len(seen) if name in _AVERAGED else sum(seen)
     if "token_usage" not in values and values.get("max_total_num_tokens") and "num_used_tokens" in values:
@@ -251,6 +258,22 @@ def parse_engine_metrics(text: str) -> EngineMetrics:
         if merged is not None:
             values[name] = merged
     return EngineMetrics(**values)
+
+
+def _rank_values(samples: list[tuple[dict[str, str], float]]) -> list[float]:
+    """One value per rank (label set without ``priority``) of one gauge, ready to sum or average.
+
+    Summing every series of a gauge is right across ranks (``dp_rank``...) but double counts under
+    priority scheduling, where SGLang writes each rank's total under ``priority=""`` *and* its
+    per-priority breakdown under ``priority="<n>"``. So a rank's value is its total series (empty or
+    absent ``priority``); a rank that exports only a breakdown counts as the sum of its breakdown.
+    """
+    ranks: dict[tuple[tuple[str, str], ...], tuple[list[float], list[float]]] = {}
+    for labels, value in samples:
+        rank = tuple(sorted((k, v) for k, v in labels.items() if k != PRIORITY_LABEL))
+        totals, breakdown = ranks.setdefault(rank, ([], []))
+        (breakdown if labels.get(PRIORITY_LABEL) else totals).append(value)
+    return [totals[-1] if totals else sum(breakdown) for totals, breakdown in ranks.values()]
 
 
 @dataclass

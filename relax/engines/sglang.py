@@ -2,19 +2,49 @@
 
 SGLang is never imported here (it needs CUDA and is an optional runtime dependency); Relax
 only builds its command line and then drives it with the shared launcher, exactly like the built-in
-engine. Flag names follow SGLang's ``ServerArgs`` (field ``tp_size`` -> ``--tp-size`` and so on).
+engine. Flag names follow SGLang's ``ServerArgs`` (field ``tp_size`` -> ``--tp-size`` and so on); every
+flag emitted here is checked against a snapshot of SGLang's real flags (``scripts/sglang_contract.py``,
+``tests/unit/test_sglang_contract.py``).
+
+Supported SGLang: ``SUPPORTED_SGLANG`` (0.5.x, verified against 0.5.23's source). The engine actor calls
+:func:`check_sglang_version` before starting a server, so a missing or wrong SGLang fails with one line
+instead of a traceback from inside SGLang (``docs/install.md``).
 """
 
 from __future__ import annotations
 
+import os
 import shlex
+import subprocess
 import sys
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion, Version
 
 from relax.engines.launcher import LaunchSpec
 
 SGLANG_MODULE = "sglang.launch_server"
+
+#: SGLang releases Relax runs against: 0.5.x, verified against 0.5.23's source. ``--weight-version`` (which
+#: Relax always passes) exists from the 0.5 builds of August 2025 on; older ones reject it and never start.
+SUPPORTED_SGLANG = ">=0.5.0,<0.6"
+#: The release whose source the flag / route / request-field snapshot was read from.
+VERIFIED_SGLANG = "0.5.23"
+#: What to install, as shown in error messages (the same range as ``SUPPORTED_SGLANG``).
+SGLANG_PIP_SPEC = "sglang>=0.5,<0.6"
+#: Environment variable holding SGLang's ``--api-key``, so the key needs no place in configs or command lines.
+SGLANG_API_KEY_ENV = "RELAX_SGLANG_API_KEY"
+#: How long asking an interpreter for its SGLang version may take (a cold import of importlib is fast;
+#: a network file system on a busy node is not).
+VERSION_CHECK_TIMEOUT_S = 60.0
+# Reads the installed version from package metadata: SGLang itself is never imported, not even there.
+_VERSION_PROBE = "import importlib.metadata as m; print(m.version('sglang'))"
+# argparse (SGLang's parser) also accepts any unambiguous prefix of a flag, and in 0.5.23 two letters are
+# enough for some: `--po 1` sets --port, `--ho`, `--ap`, `--te` likewise. Single letters are ambiguous among
+# SGLang's ~560 flags (tests/unit/test_sglang_contract.py checks both against the snapshot).
+_MIN_PREFIX_CHARS = 2
 
 # Flags Relax sets itself, with SGLang's aliases. Passing them again through ``extra_args`` would
 # silently fight Relax's bookkeeping (the URL the router uses, the weight version it tracks), so it is
@@ -31,19 +61,52 @@ _MANAGED_FLAGS: dict[str, str] = {
     "--weight-version": "weight_version",
     "--nccl-port": "nccl_port",
     "--api-key": "api_key",
+    "--max-running-requests": "max_running_requests",
+    "--random-seed": "random_seed",
 }
+# Seeds go to numpy's ``np.random.seed`` inside SGLang, which accepts 0 .. 2**32 - 1 only.
+_MAX_SEED = 2**32 - 1
+
+
+class SGLangVersionError(ValueError):
+    """SGLang is missing, unreadable or outside ``SUPPORTED_SGLANG`` for the interpreter that would run it."""
 
 
 @dataclass(frozen=True)
 class SGLangOptions:
-    """Per-engine SGLang settings that are not about where the engine runs."""
+    """Per-engine SGLang settings that are not about where the engine runs.
+
+    ``api_key`` is left out of ``repr`` so that logging the options (or a Ray error quoting them) does not
+    print the key; prefer :func:`api_key_from_env` to putting it in a config file.
+    """
 
     tp_size: int = 1
     mem_fraction_static: float | None = None
     trust_remote_code: bool = False
-    api_key: str | None = None
+    api_key: str | None = field(default=None, repr=False)
     extra_args: tuple[str, ...] = ()
     python: str | None = None  # interpreter with sglang installed; default: this one
+    max_running_requests: int | None = None
+    random_seed: int | None = None
+
+    def __post_init__(self) -> None:
+        # Checked here as well as in sglang_command so a bad value fails where the options are made
+        # (config parsing), not later on a GPU node when the first engine starts.
+        _check_max_running_requests(self.max_running_requests)
+        _check_random_seed(self.random_seed)
+
+
+def api_key_from_env(environ: Mapping[str, str] = os.environ) -> str | None:
+    """SGLang's ``--api-key`` from ``RELAX_SGLANG_API_KEY``; ``None`` when unset or blank.
+
+    An environment variable keeps the key out of config files and out of the command lines Relax logs
+    (those mask it as ``***`` anyway, ``relax.engines.launcher.format_argv``). Surrounding whitespace is
+    dropped: a key read with ``$(cat keyfile)`` often carries a newline that would never match.
+    """
+    value = environ.get(SGLANG_API_KEY_ENV)
+    if value is None or not value.strip():
+        return None
+    return value.strip()
 
 
 def parse_extra_args(extra_args: str | Sequence[str] | None) -> list[str]:
@@ -59,7 +122,15 @@ def parse_extra_args(extra_args: str | Sequence[str] | None) -> list[str]:
     return args
 
 
+def _managed_prefix_matches(flag: str) -> list[str]:
+    """Managed flags that ``flag`` abbreviates the way argparse would accept (``--mem-frac``)."""
+    if not flag.startswith("--") or len(flag) - 2 < _MIN_PREFIX_CHARS:
+        return []
+    return [managed for managed in _MANAGED_FLAGS if managed.startswith(flag)]
+
+
 def _check_no_managed_flags(args: Sequence[str]) -> None:
+    """Reject managed flags in ``extra_args``, spelled out or abbreviated (argparse takes both)."""
     for arg in args:
         flag = arg.split("=", 1)[0]
         if flag in _MANAGED_FLAGS:
@@ -67,6 +138,27 @@ def _check_no_managed_flags(args: Sequence[str]) -> None:
                 f"SGLang extra argument {flag!r} is set by Relax (parameter {_MANAGED_FLAGS[flag]!r}); "
                 "remove it from the extra arguments"
             )
+        matches = _managed_prefix_matches(flag)
+        if matches:
+            params = sorted({_MANAGED_FLAGS[m] for m in matches})
+            raise ValueError(
+                f"SGLang extra argument {flag!r} abbreviates {' / '.join(matches)}, which is set by Relax "
+                f"(parameter {' / '.join(repr(p) for p in params)}); remove it from the extra arguments"
+            )
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_max_running_requests(value: int | None) -> None:
+    if value is not None and (not _is_int(value) or value < 1):
+        raise ValueError(f"max_running_requests must be a positive integer, got {value!r}")
+
+
+def _check_random_seed(value: int | None) -> None:
+    if value is not None and (not _is_int(value) or not 0 <= value <= _MAX_SEED):
+        raise ValueError(f"random_seed must be an integer in 0..{_MAX_SEED} (SGLang seeds numpy), got {value!r}")
 
 
 def sglang_command(
@@ -82,24 +174,31 @@ def sglang_command(
     nccl_port: int | None = None,
     api_key: str | None = None,
     enable_metrics: bool = True,
+    max_running_requests: int | None = None,
+    random_seed: int | None = None,
     python: str | None = None,
 ) -> list[str]:
     """argv that starts one SGLang server.
 
     ``--enable-metrics`` is on by default because the autoscaler reads ``/metrics``, which SGLang only
     serves with that flag. ``nccl_port`` lets the caller hand out a port it knows is free: several
-    engines on one node otherwise pick theirs at random and can collide.
+    engines on one node otherwise pick theirs at random and can collide. The argv carries ``api_key`` in
+    clear (SGLang reads it from there); whoever logs it must use ``launcher.format_argv``, which masks it.
+    The SGLang version is not checked here (commands are built where SGLang is not installed); the engine
+    actor calls :func:`check_sglang_version` before starting the server.
     """
     if not str(model_path):
         raise ValueError("model_path must not be empty")
     if not isinstance(port, int) or not 0 < port < 65536:
         raise ValueError(f"port must be an integer in 1..65535, got {port!r}")
-    if not isinstance(tp_size, int) or isinstance(tp_size, bool) or tp_size < 1:
+    if not _is_int(tp_size) or tp_size < 1:
         raise ValueError(f"tp_size must be a positive integer, got {tp_size!r}")
     if mem_fraction_static is not None and not 0.0 < float(mem_fraction_static) <= 1.0:
         raise ValueError(f"mem_fraction_static must be in (0, 1], got {mem_fraction_static!r}")
     if nccl_port is not None and (not isinstance(nccl_port, int) or not 0 < nccl_port < 65536):
         raise ValueError(f"nccl_port must be an integer in 1..65535, got {nccl_port!r}")
+    _check_max_running_requests(max_running_requests)
+    _check_random_seed(random_seed)
     extra = parse_extra_args(extra_args)
     _check_no_managed_flags(extra)
 
@@ -114,6 +213,10 @@ def sglang_command(
         argv += ["--weight-version", str(weight_version)]
     if nccl_port is not None:
         argv += ["--nccl-port", str(nccl_port)]
+    if max_running_requests is not None:
+        argv += ["--max-running-requests", str(max_running_requests)]
+    if random_seed is not None:
+        argv += ["--random-seed", str(random_seed)]
     if trust_remote_code and "--trust-remote-code" not in extra:
         argv.append("--trust-remote-code")
     if api_key:
@@ -146,6 +249,8 @@ def sglang_spec(
         trust_remote_code=options.trust_remote_code,
         nccl_port=nccl_port,
         api_key=options.api_key,
+        max_running_requests=options.max_running_requests,
+        random_seed=options.random_seed,
         python=options.python,
     )
     merged_env = {"PYTHONUNBUFFERED": "1", **(env or {})}
@@ -158,3 +263,64 @@ def sglang_spec(
         name=name,
         token=options.api_key,
     )
+
+
+# -- the SGLang version ---------------------------------------------------------------------------------
+
+#: Runs ``argv`` and returns (exit code, stdout, stderr); raises ``subprocess.TimeoutExpired`` or ``OSError``.
+Runner = Callable[[Sequence[str], float], tuple[int, str, str]]
+
+
+def _run(argv: Sequence[str], timeout: float) -> tuple[int, str, str]:
+    result = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    return result.returncode, result.stdout, result.stderr
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else "no output"
+
+
+def check_sglang_version(
+    python: str,
+    *,
+    timeout: float = VERSION_CHECK_TIMEOUT_S,
+    runner: Runner = _run,
+) -> str:
+    """The SGLang version installed for interpreter ``python``; raises :class:`SGLangVersionError` otherwise.
+
+    Asks that interpreter in a subprocess (package metadata only: SGLang is never imported, here or there)
+    because the interpreter that runs SGLang is often not Relax's own (``SGLangOptions.python``). Every
+    failure is one line naming the interpreter and the fix. Pre-releases and dev builds inside the range
+    are accepted (a source build of a 0.5 branch reports ``0.5.24.dev0``). ``runner`` is for tests.
+    """
+    try:
+        code, out, err = runner([python, "-c", _VERSION_PROBE], timeout)
+    except subprocess.TimeoutExpired:
+        raise SGLangVersionError(
+            f"asking {python} for its SGLang version timed out after {timeout:g} s; check that the interpreter "
+            "starts on this node"
+        ) from None
+    except OSError as error:
+        raise SGLangVersionError(
+            f"cannot run {python} to check its SGLang version ({error.strerror or error}); set the SGLang "
+            "interpreter to a Python that exists on the GPU nodes"
+        ) from None
+    if code != 0:
+        if "PackageNotFoundError" in err:
+            raise SGLangVersionError(
+                f"SGLang is not installed for {python}: pip install '{SGLANG_PIP_SPEC}' on the GPU nodes, "
+                "or pass --rollout-backend builtin"
+            )
+        raise SGLangVersionError(f"{python} failed to report its SGLang version (exit {code}): {_last_line(err)}")
+    found = out.strip()
+    try:
+        version = Version(found)
+    except InvalidVersion:
+        raise SGLangVersionError(f"{python} reports SGLang version {found!r}, which is not a version number") from None
+    if not SpecifierSet(SUPPORTED_SGLANG).contains(version, prereleases=True):
+        raise SGLangVersionError(
+            f"SGLang {found} is installed for {python}, but Relax supports sglang{SUPPORTED_SGLANG} "
+            f"(verified against {VERIFIED_SGLANG}): pip install '{SGLANG_PIP_SPEC}'"
+        )
+    return found

@@ -7,6 +7,7 @@ import json
 import math
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from fastapi import FastAPI, Request
@@ -100,17 +101,21 @@ def test_quantile_smooths_non_monotonic_counts() -> None:
 
 
 def test_p95_of_real_prometheus_client_observations() -> None:
-    """End-to-end against prometheus_client's own exposition (the built-in engine's metrics)."""
+    """End-to-end against prometheus_client's own exposition (the built-in engine's metrics).
+
+    The built-in engine uses SGLang 0.5.23's TTFT bounds (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, ...).
+    """
     engine = BuiltinEngineMetrics("m")
     for _ in range(90):
-        engine.ttft.observe(0.3)  # bucket (0.25, 0.5]
+        engine.ttft.observe(0.3)  # bucket (0.2, 0.4]
     for _ in range(10):
-        engine.ttft.observe(3.0)  # bucket (2.5, 5.0]
+        engine.ttft.observe(3.0)  # bucket (2, 4]
     text = engine.render(LoadSnapshot(2, 3, 400, 1000), "7").decode()
     parsed = parse_engine_metrics(text)
     assert parsed.ttft is not None and parsed.ttft.total == 100
-    # rank 95: 90 at or below 2.5, 10 inside (2.5, 5.0] -> 2.5 + 2.5 * 5 / 10
-    assert parsed.ttft.quantile(0.95) == pytest.approx(3.75)
+    assert {0.2, 0.4, 2.0, 4.0} <= set(parsed.ttft.bounds)
+    # rank 95: 90 at or below 2, 10 inside (2, 4] -> 2 + 2 * 5 / 10
+    assert parsed.ttft.quantile(0.95) == pytest.approx(3.0)
     assert (parsed.num_running_reqs, parsed.num_queue_reqs) == (2, 3)
     assert (parsed.num_used_tokens, parsed.max_total_num_tokens) == (400, 1000)
     assert parsed.token_usage == pytest.approx(0.4)
@@ -207,6 +212,90 @@ def test_histogram_without_type_lines_or_inf_bucket() -> None:
 def test_malformed_text_raises() -> None:
     with pytest.raises(MetricsParseError, match="Prometheus"):
         parse_engine_metrics('sglang:token_usage{model_name="m" 0.5\n')
+
+
+# -- SGLang 0.5.23 exposition (fixtures built from its metrics_collector; see tests/fixtures/sglang/) -------
+
+# Copied from the shared SGLang contract fixtures so the tests run on a clean checkout (CI has only the repo).
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "sglang"
+SHARED_FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures"
+EXPECTED = json.loads((FIXTURES / "sglang-0.5.23-metrics.expected.json").read_text())
+VARIANTS = ["sglang-0.5.23-metrics.txt", "sglang-0.5.23-metrics-priority.txt"]
+GAUGE_NAMES = (
+    "num_running_reqs",
+    "num_queue_reqs",
+    "token_usage",
+    "gen_throughput",
+    "max_total_num_tokens",
+    "num_used_tokens",
+)
+P95_NAMES = {"queue_time": "queue_time_p95", "ttft": "ttft_p95", "itl": "itl_p95", "e2e_latency": "e2e_latency_p95"}
+
+
+def fixture_text(name: str) -> str:
+    return (FIXTURES / name).read_text()
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_sglang_fixture_parses_to_the_expected_values(name: str) -> None:
+    parsed = parse_engine_metrics(fixture_text(name))
+    for gauge in GAUGE_NAMES:
+        assert getattr(parsed, gauge) == pytest.approx(EXPECTED[gauge]), gauge
+    for histogram, key in P95_NAMES.items():
+        assert getattr(parsed, histogram).quantile(0.95) == pytest.approx(EXPECTED[key]), histogram
+    assert parsed.missing() == ()
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_sglang_fixture_cluster_frame(name: str) -> None:
+    frame = build_cluster_frame(1.0, {"engine_0": fixture_text(name)})
+    assert frame.complete
+    assert (frame.total_queue, frame.total_running) == (EXPECTED["num_queue_reqs"], EXPECTED["num_running_reqs"])
+    assert frame.token_usage == pytest.approx(EXPECTED["token_usage"])
+    for key in P95_NAMES.values():
+        assert getattr(frame, key) == pytest.approx(EXPECTED[key]), key
+
+
+def test_priority_totals_are_summed_over_engines() -> None:
+    # Two priority-scheduling engines: 12 + 12 queued, not (12 + 9 + 3) * 2.
+    text = fixture_text("sglang-0.5.23-metrics-priority.txt")
+    frame = build_cluster_frame(1.0, {"engine_0": text, "engine_1": text})
+    assert (frame.total_queue, frame.queue_per_engine, frame.total_running) == (24, 12, 96)
+
+
+def test_priority_totals_are_summed_over_ranks() -> None:
+    text = (
+        'sglang:num_queue_reqs{dp_rank="0",priority=""} 5\n'
+        'sglang:num_queue_reqs{dp_rank="0",priority="0"} 2\n'
+        'sglang:num_queue_reqs{dp_rank="0",priority="1"} 3\n'
+        'sglang:num_queue_reqs{dp_rank="1",priority=""} 7\n'
+        'sglang:num_queue_reqs{dp_rank="1",priority="None"} 7\n'  # requests without a priority value
+        'sglang:token_usage{dp_rank="0",priority=""} 0.2\n'
+        'sglang:token_usage{dp_rank="1",priority=""} 0.6\n'
+    )
+    parsed = parse_engine_metrics(text)
+    assert parsed.num_queue_reqs == 12
+    assert parsed.token_usage == pytest.approx(0.4)
+
+
+def test_a_rank_with_only_a_breakdown_counts_its_breakdown_once() -> None:
+    text = 'sglang:num_running_reqs{priority="0"} 4\nsglang:num_running_reqs{priority="2"} 6\n'
+    assert parse_engine_metrics(text).num_running_reqs == 10
+
+
+def test_histograms_split_by_priority_are_summed() -> None:
+    # Each request is observed once, under its own priority: these label sets partition the observations.
+    text = (
+        text_histogram("sglang:time_to_first_token_seconds", {"1.0": 1, "+Inf": 2}, 'priority="0"')
+        + text_histogram("sglang:time_to_first_token_seconds", {"1.0": 3, "+Inf": 3}, 'priority="1"').split("\n", 1)[1]
+    )
+    assert parse_engine_metrics(text).ttft == Histogram((1.0, INF), (4, 5), 2.0)
+
+
+@pytest.mark.skipif(not SHARED_FIXTURES.is_dir(), reason="the shared SGLang fixtures exist only in the workspace")
+def test_fixture_copies_match_the_shared_fixtures() -> None:
+    for name in [*VARIANTS, "sglang-0.5.23-metrics.expected.json"]:
+        assert (FIXTURES / name).read_bytes() == (SHARED_FIXTURES / name).read_bytes(), name
 
 
 # -- cluster frames --------------------------------------------------------------------------------------

@@ -2,14 +2,28 @@
 
 from __future__ import annotations
 
+import importlib.util
+import logging
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from relax.engines.launcher import format_argv
-from relax.engines.sglang import SGLANG_MODULE, SGLangOptions, parse_extra_args, sglang_command, sglang_spec
+from relax.engines.launcher import ServerProcess, format_argv
+from relax.engines.sglang import (
+    SGLANG_API_KEY_ENV,
+    SGLANG_MODULE,
+    SUPPORTED_SGLANG,
+    SGLangOptions,
+    SGLangVersionError,
+    api_key_from_env,
+    check_sglang_version,
+    parse_extra_args,
+    sglang_command,
+    sglang_spec,
+)
 
 BASE = [
     sys.executable, "-m", "sglang.launch_server",
@@ -93,11 +107,211 @@ def test_extra_args_string_is_split_like_a_shell() -> None:
         ["--mem-fraction-static", "0.9"],
         ["--nccl-port", "5"],
         ["--api-key", "x"],
+        ["--max-running-requests", "8"],
+        ["--random-seed=3"],
     ],
 )
 def test_extra_args_may_not_override_managed_flags(extra: list[str]) -> None:
     with pytest.raises(ValueError, match="is set by Relax"):
         sglang_command("/m", "h", 1, extra_args=extra)
+
+
+@pytest.mark.parametrize(
+    ("extra", "managed"),
+    [
+        (["--mem-frac", "0.9"], "--mem-fraction-static"),
+        (["--mem-frac=0.9"], "--mem-fraction-static"),
+        (["--weight-v", "9"], "--weight-version"),
+        (["--tp-s", "2"], "--tp-size"),
+        (["--tensor-p", "2"], "--tensor-parallel-size"),
+        (["--model-pa", "/other"], "--model-path"),
+        (["--nccl-p", "5"], "--nccl-port"),
+        (["--max-run", "8"], "--max-running-requests"),
+        (["--random-s", "1"], "--random-seed"),
+        # two letters are enough for SGLang 0.5.23's argparse: `--po 1` sets --port
+        (["--po", "1"], "--port"),
+        (["--ho", "0.0.0.0"], "--host"),
+        (["--ap", "x"], "--api-key"),
+        (["--te", "2"], "--tensor-parallel-size"),
+    ],
+)
+def test_extra_args_may_not_abbreviate_managed_flags(extra: list[str], managed: str) -> None:
+    with pytest.raises(ValueError, match="is set by Relax") as error:
+        sglang_command("/m", "h", 1, extra_args=["--dtype", "bfloat16", *extra])
+    message = str(error.value)
+    assert repr(extra[0].split("=")[0]) in message and managed in message and "\n" not in message
+
+
+def test_unrelated_flags_that_share_a_beginning_pass() -> None:
+    extra = ["--model-impl", "sglang", "--enable-metrics-for-all-schedulers", "--port-range", "x", "--m", "y"]
+    assert sglang_command("/m", "h", 1, extra_args=extra)[-len(extra) :] == extra
+
+
+def test_max_running_requests_and_random_seed_are_passed() -> None:
+    argv = sglang_command("/m", "h", 1, max_running_requests=64, random_seed=0)
+    assert flag_value(argv, "--max-running-requests") == "64"
+    assert flag_value(argv, "--random-seed") == "0"  # seed 0 is a seed, not "unset"
+    plain = sglang_command("/m", "h", 1)
+    assert "--max-running-requests" not in plain and "--random-seed" not in plain
+
+
+def test_options_carry_max_running_requests_and_random_seed(tmp_path: Path) -> None:
+    opts = SGLangOptions(max_running_requests=32, random_seed=7)
+    spec = sglang_spec("/m", "h", 1, str(tmp_path / "e.log"), options=opts)
+    assert flag_value(spec.argv, "--max-running-requests") == "32"
+    assert flag_value(spec.argv, "--random-seed") == "7"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"max_running_requests": 0}, "max_running_requests"),
+        ({"max_running_requests": -3}, "max_running_requests"),
+        ({"max_running_requests": True}, "max_running_requests"),
+        ({"max_running_requests": 2.5}, "max_running_requests"),
+        ({"max_running_requests": "8"}, "max_running_requests"),
+        ({"random_seed": -1}, "random_seed"),
+        ({"random_seed": 2**32}, "random_seed"),
+        ({"random_seed": False}, "random_seed"),
+        ({"random_seed": "1"}, "random_seed"),
+    ],
+)
+def test_invalid_limits_and_seeds_are_rejected(kwargs: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        sglang_command("/m", "h", 1, **kwargs)
+    with pytest.raises(ValueError, match=match):
+        SGLangOptions(**kwargs)  # fails where the options are made, not when an engine starts
+
+
+# -- the API key ----------------------------------------------------------------------------------------
+
+
+def test_api_key_from_env() -> None:
+    assert api_key_from_env({}) is None
+    assert api_key_from_env({SGLANG_API_KEY_ENV: ""}) is None
+    assert api_key_from_env({SGLANG_API_KEY_ENV: "  \n"}) is None
+    assert api_key_from_env({SGLANG_API_KEY_ENV: "s3cret\n"}) == "s3cret"  # $(cat keyfile) leaves a newline
+
+
+def test_api_key_from_env_reads_the_process_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RELAX_SGLANG_API_KEY", "from-env")
+    assert api_key_from_env() == "from-env"
+    monkeypatch.delenv("RELAX_SGLANG_API_KEY")
+    assert api_key_from_env() is None
+
+
+def test_options_repr_hides_the_api_key() -> None:
+    assert "s3cret" not in repr(SGLangOptions(api_key="s3cret"))
+
+
+def test_started_server_log_line_masks_the_api_key(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The one place Relax logs an engine's argv (ServerProcess.start) shows the key as ***."""
+    fake_python = fake_interpreter(tmp_path, "exit 0")
+    opts = SGLangOptions(api_key=api_key_from_env({SGLANG_API_KEY_ENV: "s3cret"}), python=str(fake_python))
+    with caplog.at_level(logging.DEBUG):
+        spec = sglang_spec("/m", "127.0.0.1", 30003, str(tmp_path / "e.log"), options=opts, name="engine_9")
+        assert "s3cret" in spec.argv  # SGLang reads it from its argv...
+        server = ServerProcess(spec)
+        try:
+            server.start()
+        finally:
+            server.stop(grace_s=5)
+    assert "argv=" in caplog.text and "--api-key '***'" in caplog.text
+    assert "s3cret" not in caplog.text  # ...but no Relax log line carries it
+
+
+# -- the SGLang version ---------------------------------------------------------------------------------
+
+
+def fake_interpreter(tmp_path: Path, body: str, name: str = "python") -> Path:
+    """An executable standing in for SGLang's interpreter (a real subprocess, no mocking)."""
+    script = tmp_path / name
+    script.write_text(f"#!/bin/sh\n{body}\n")
+    script.chmod(0o755)
+    return script
+
+
+@pytest.mark.parametrize("version", ["0.5.0", "0.5.23", "0.5.23.post1", "0.5.24.dev0", "0.5.30rc1"])
+def test_supported_versions_are_returned(tmp_path: Path, version: str) -> None:
+    python = fake_interpreter(tmp_path, f"echo {version}")
+    assert check_sglang_version(str(python)) == version
+
+
+@pytest.mark.parametrize("version", ["0.4.9", "0.5.0rc0", "0.6.0", "1.0.0"])
+def test_versions_outside_the_range_are_rejected(tmp_path: Path, version: str) -> None:
+    python = fake_interpreter(tmp_path, f"echo {version}")
+    with pytest.raises(SGLangVersionError) as error:
+        check_sglang_version(str(python))
+    message = str(error.value)
+    assert f"SGLang {version} is installed for {python}" in message
+    assert SUPPORTED_SGLANG in message and "0.5.23" in message and "\n" not in message
+    assert isinstance(error.value, ValueError)
+
+
+def test_the_probe_reads_package_metadata_without_importing_sglang(tmp_path: Path) -> None:
+    seen = tmp_path / "argv.txt"
+    python = fake_interpreter(tmp_path, f'printf "%s\\n" "$@" > {seen}; echo 0.5.23')
+    check_sglang_version(str(python))
+    flag, code = seen.read_text().splitlines()
+    assert flag == "-c" and "importlib.metadata" in code and "version('sglang')" in code
+    assert "import sglang" not in code
+
+
+NOT_INSTALLED = (
+    "SGLang is not installed for {python}: pip install 'sglang>=0.5,<0.6' on the GPU nodes, "
+    "or pass --rollout-backend builtin"
+)
+
+
+def test_sglang_not_installed(tmp_path: Path) -> None:
+    body = 'echo "importlib.metadata.PackageNotFoundError: No package metadata was found for sglang" >&2; exit 1'
+    python = fake_interpreter(tmp_path, body)
+    with pytest.raises(SGLangVersionError) as error:
+        check_sglang_version(str(python))
+    assert str(error.value) == NOT_INSTALLED.format(python=python)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("sglang") is not None, reason="this interpreter has sglang installed")
+def test_sglang_not_installed_for_a_real_interpreter() -> None:
+    with pytest.raises(SGLangVersionError) as error:
+        check_sglang_version(sys.executable)
+    assert str(error.value) == NOT_INSTALLED.format(python=sys.executable)
+
+
+def test_missing_interpreter(tmp_path: Path) -> None:
+    missing = tmp_path / "no" / "python"
+    with pytest.raises(SGLangVersionError, match=f"cannot run {missing}"):
+        check_sglang_version(str(missing))
+
+
+def test_interpreter_that_fails_otherwise(tmp_path: Path) -> None:
+    python = fake_interpreter(tmp_path, 'echo "Traceback ..." >&2; echo "OSError: bad magic" >&2; exit 3')
+    with pytest.raises(SGLangVersionError, match=r"failed to report its SGLang version \(exit 3\): OSError: bad magic"):
+        check_sglang_version(str(python))
+
+
+def test_output_that_is_not_a_version(tmp_path: Path) -> None:
+    python = fake_interpreter(tmp_path, "echo unknown")
+    with pytest.raises(SGLangVersionError, match="'unknown', which is not a version number"):
+        check_sglang_version(str(python))
+
+
+def test_a_hanging_interpreter_times_out(tmp_path: Path) -> None:
+    python = fake_interpreter(tmp_path, "exec sleep 30")
+    with pytest.raises(SGLangVersionError, match="timed out after 0.5 s"):
+        check_sglang_version(str(python), timeout=0.5)
+
+
+def test_injected_runner_gets_the_probe_and_the_timeout() -> None:
+    calls: list[tuple[Sequence[str], float]] = []
+
+    def runner(argv: Sequence[str], timeout: float) -> tuple[int, str, str]:
+        calls.append((argv, timeout))
+        return 0, "0.5.23\n", ""
+
+    assert check_sglang_version("/opt/sglang/bin/python", runner=runner) == "0.5.23"
+    [(argv, timeout)] = calls
+    assert argv[:2] == ["/opt/sglang/bin/python", "-c"] and timeout == 60
 
 
 @pytest.mark.parametrize(
