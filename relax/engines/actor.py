@@ -31,6 +31,7 @@ import contextlib
 import inspect
 import logging
 import os
+import shutil
 import signal
 import tempfile
 import threading
@@ -80,6 +81,22 @@ LOAD_MIN_BYTES_PER_S = 100e6
 def load_timeout_s(nbytes: int) -> float:
     """Time budget of one weight load: grows with the bytes (8 GB of Qwen3-4B bf16 -> 200 s; 0.5 GB -> 125 s)."""
     return LOAD_BASE_S + max(0, nbytes) / LOAD_MIN_BYTES_PER_S
+
+
+def copy_checkpoint_extras(src_dir: str | Path, dst_dir: str | Path) -> list[str]:
+    """Copy every file of a checkpoint that is not a weight file (tokenizer, chat template, ...) if missing.
+
+    A server started from a published version needs the tokenizer the base checkpoint carries.
+    """
+    weight_suffixes = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+    copied = []
+    for path in sorted(Path(src_dir).iterdir()):
+        target = Path(dst_dir) / path.name
+        if path.is_file() and not path.name.endswith(weight_suffixes) and not path.name.endswith(".index.json") \
+                and not target.exists():
+            shutil.copy2(path, target)
+            copied.append(path.name)
+    return copied
 
 
 def _check(response: Any, engine_id: str, what: str) -> None:
@@ -165,7 +182,8 @@ class EngineActor:
         setup_logging()
         self.engine_id = engine_id
         self.backend = backend
-        self.model_path = str(model_path)
+        self.model_path = str(model_path)  # the run's checkpoint: config and tokenizer files come from here
+        self._serve_path = self.model_path  # what the server starts from (the latest version, when one exists)
         self.host = host
         self.weight_version = weight_version
         self.options = options
@@ -185,11 +203,14 @@ class EngineActor:
 
     # -- lifecycle --------------------------------------------------------------------------------
 
-    def start(self) -> dict[str, Any]:
+    def start(self, initial_weights: tuple[int, list[Any]] | None = None) -> dict[str, Any]:
         """Start the server and wait until it is healthy; returns ``{engine_id, url, node_id, pid, ...}``.
 
-        Calling it again (even concurrently) returns the same info. On failure the server is stopped
-        and a :class:`ServerLaunchError` quoting the server log is raised.
+        ``initial_weights`` (version, bucket refs): the newest published version. The server then starts
+        from it — pulled and written to this node's shared memory first — instead of loading the base
+        checkpoint and reloading the latest right after (two loads, and for a moment an engine serving
+        version 0). Calling it again (even concurrently) returns the same info. On failure the server is
+        stopped and a :class:`ServerLaunchError` quoting the server log is raised.
         """
         with self._start_lock:
             if self._info is not None:
@@ -197,6 +218,8 @@ class EngineActor:
             if self._shutting_down:
                 raise RuntimeError(f"{self.engine_id}: start after shutdown")
             began = time.monotonic()
+            if initial_weights is not None:
+                self._prepare_start_from(*initial_weights)
             server, healthy_after = self._launch_until_healthy(resolve_host(self.host))
             info = {
                 "engine_id": self.engine_id,
@@ -209,6 +232,8 @@ class EngineActor:
                 "actor_pid": os.getpid(),
                 "log_path": server.spec.log_path,
                 "startup_s": round(time.monotonic() - began, 3),
+                "weight_version": int(self.weight_version or 0),
+                "model_path": self._serve_path,
                 "healthy_after_s": round(healthy_after, 3),
             }
             self._info = info
@@ -242,7 +267,7 @@ class EngineActor:
         spec = build_launch_spec(
             self.backend,
             self.engine_id,
-            self.model_path,
+            self._serve_path,
             host,
             port,
             log_path,
@@ -323,6 +348,19 @@ class EngineActor:
                     paused_s, pause_mode)
         return {"engine_id": self.engine_id, "version": version, "bytes": nbytes, "pull_s": pulled - began,
                 "write_s": written - pulled, "load_s": loaded - written, "paused_s": paused_s}
+
+    def _prepare_start_from(self, version: int, bucket_refs: list[Any]) -> None:
+        """Write version ``version`` as a complete checkpoint (weights + the run's config and tokenizer files)."""
+        from relax.training.weights import default_weights_root, materialize
+
+        began = time.monotonic()
+        out_dir = materialize(ray.get(list(bucket_refs)), self.model_path, default_weights_root(self.engine_id)
+                              / f"v{version}")
+        copy_checkpoint_extras(self.model_path, out_dir)
+        self._serve_path = str(out_dir)
+        self.weight_version = version
+        logger.info("%s: starts from weights v%d (%s, prepared in %.2fs)", self.engine_id, version, out_dir,
+                    time.monotonic() - began)
 
     def _load_paused(self, out_dir: Path, version: int, pause_mode: str, timeout_s: float) -> float:
         """pause -> /update_weights_from_disk -> continue (always continue); returns the seconds paused."""

@@ -154,13 +154,17 @@ class EngineFleet:
         With a slot the launcher starts the server inside it; with a url (external engine) the running
         server is only checked.
         """
+        started_version = 0
         try:
             if url is None:
                 assert slot is not None
                 self._slots[engine_id] = slot
                 self.pool.transition(engine_id, EngineState.STARTING)
-                info = await self.launcher.start(engine_id, slot)
+                latest = self.weights.latest()  # start from the newest version, not the base checkpoint
+                initial = (latest.version, list(latest.bucket_refs)) if latest is not None else None
+                info = await self.launcher.start(engine_id, slot, initial)
                 url = str(info["url"])
+                started_version = int(info.get("weight_version") or 0)
                 self.pool.set_node_id(engine_id, info.get("node_id"))
             self.pool.set_url(engine_id, url)
             if self.pool.get(engine_id).state is EngineState.PENDING:
@@ -172,7 +176,7 @@ class EngineFleet:
             if self.pool.get(engine_id).kind is EngineKind.EXTERNAL:
                 self.pool.set_weight_version(engine_id, _version_or_zero(await client.get_weight_version()))
             else:
-                self.pool.set_weight_version(engine_id, 0)
+                self.pool.set_weight_version(engine_id, started_version)
             self.pool.transition(engine_id, EngineState.WEIGHT_SYNCING)
             await self.sync_to_latest(engine_id)
             self._check_cancelled(engine_id)
@@ -201,7 +205,8 @@ class EngineFleet:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise TimeoutError(f"placement group not ready after {timeout_s:.0f}s: the cluster has no free "
-                                       "{GPU:1, CPU:1}; is the provisioner adding nodes?")
+                                       f"{{GPU: {self.settings.gpus_per_engine}, CPU: 1}}; is the provisioner "
+                                       "adding nodes?")
                 await asyncio.wait([placed], timeout=min(remaining, 1.0))
             placed.result()
             log.info("%s: placement group ready", engine_id)

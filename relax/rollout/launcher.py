@@ -46,8 +46,14 @@ class EngineLauncher(Protocol):
         """Return once the slot's resources are granted (may wait for a node to be provisioned)."""
         ...
 
-    async def start(self, engine_id: str, slot: EngineSlot) -> Mapping[str, Any]:
-        """Start the engine's server in ``slot`` and wait until it answers; ``{"url", "node_id", ...}``."""
+    async def start(
+        self, engine_id: str, slot: EngineSlot, initial_weights: tuple[int, list[Any]] | None = None
+    ) -> Mapping[str, Any]:
+        """Start the engine's server in ``slot`` and wait until it answers; ``{"url", "node_id", ...}``.
+
+        ``initial_weights`` (version, bucket refs): start the server from that version, not the base
+        checkpoint; the answer's ``weight_version`` says what it serves.
+        """
         ...
 
     async def sync_weights(
@@ -105,7 +111,9 @@ class RayEngineLauncher:
         assert slot.placement_group is not None
         await slot.placement_group.ready()
 
-    async def start(self, engine_id: str, slot: EngineSlot) -> Mapping[str, Any]:
+    async def start(
+        self, engine_id: str, slot: EngineSlot, initial_weights: tuple[int, list[Any]] | None = None
+    ) -> Mapping[str, Any]:
         import ray
 
         from relax.engines.actor import spawn_engine_actor
@@ -124,7 +132,7 @@ class RayEngineLauncher:
             )
             self._actors[engine_id] = actor
             try:
-                return await actor.start.remote()
+                return await actor.start.remote(initial_weights)
             except ray.exceptions.RayActorError as exc:
                 # The actor's *process* died (a node under pressure, a library that failed to load): worth
                 # one more try in the same bundle. A server that fails to start is not (ServerLaunchError).

@@ -44,7 +44,7 @@ class ProcessLauncher:
     async def wait_placed(self, slot: EngineSlot) -> None:
         return None
 
-    async def start(self, engine_id: str, slot: EngineSlot) -> dict[str, Any]:
+    async def start(self, engine_id: str, slot: EngineSlot, initial_weights: Any = None) -> dict[str, Any]:
         proc = await asyncio.to_thread(self._start_engine, self._model_dir)
         self.procs[engine_id] = proc
         return {"url": proc.url, "node_id": "local"}

@@ -166,5 +166,9 @@ def test_requests_survive_an_engine_dying(stack) -> None:
     replacement = next(e for e in restarted() if e["engine_id"] not in {x["engine_id"] for x in engines})
     latest = ray.get(manager.status.remote())["latest_published"]
     assert replacement["kind"] == "initial" and replacement["weight_version"] == latest >= 1
+    # it started from the latest version: no base checkpoint first and a reload after
+    info = httpx.get(f"{replacement['url']}/server_info", timeout=10, trust_env=False).json()
+    assert info["weight_version"] == str(latest) and info["weight_loads"] == 0
+    assert f"relax-weights/{replacement['engine_id']}/v{latest}" in info["model_path"]
     events = ray.get(manager.recent_events.remote(50))
     assert any(e["kind"] == "engine_restarted" and victim in e["engine_ids"] for e in events)

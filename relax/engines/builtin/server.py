@@ -114,6 +114,7 @@ class BuiltinServer:
         # Every generation holds it as a reader; a weight load on an unpaused engine takes it as the writer
         # (waits for in-flight generations, blocks new ones), exactly as SGLang's tokenizer manager does.
         self.update_lock = WriterPreferringLock()
+        self.weight_loads = 0  # successful /update_weights_from_disk calls since start (server_info)
 
     def _eos_ids(self, model: torch.nn.Module) -> frozenset[int]:
         ids: set[int] = set()
@@ -230,6 +231,7 @@ class BuiltinServer:
         except ValueError as exc:  # shape/key mismatch: the served weights are untouched
             raise ApiError(400, f"weights at {body.model_path!r} do not match the served model: {exc}") from exc
         self.model_path = str(path)
+        self.weight_loads += 1
         return {"success": True, "message": f"loaded {path}", "weight_version": self.engine.weight_version,
                 "num_paused_requests": 0}
 
@@ -239,6 +241,7 @@ class BuiltinServer:
                 "version": __version__, "tp_size": 1, "weight_version": self.engine.weight_version,
                 "max_total_num_tokens": self.args.max_total_tokens, "device": str(self.device),
                 "paused": self.engine.paused, "uptime_s": time.time() - self._started_at,
+                "weight_loads": self.weight_loads,
                 "stats": asdict(self.engine.stats())}
         return info
 
