@@ -33,6 +33,7 @@ import logging
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -51,7 +52,7 @@ from relax.engines.launcher import (
     ServerProcess,
     builtin_spec,
 )
-from relax.engines.sglang import SGLangOptions, sglang_spec
+from relax.engines.sglang import SGLangOptions, check_sglang_version, sglang_spec
 from relax.logs import setup_logging
 
 logger = logging.getLogger(__name__)
@@ -218,6 +219,9 @@ class EngineActor:
             if self._shutting_down:
                 raise RuntimeError(f"{self.engine_id}: start after shutdown")
             began = time.monotonic()
+            if self.backend == "sglang":  # one clear line before anything starts, not a server that never comes up
+                python = getattr(self.options, "python", None) or sys.executable
+                logger.info("%s: SGLang %s (%s)", self.engine_id, check_sglang_version(python), python)
             if initial_weights is not None:
                 self._prepare_start_from(*initial_weights)
             server, healthy_after = self._launch_until_healthy(resolve_host(self.host))

@@ -44,7 +44,7 @@ class LaunchSpec:
     ``token`` is sent as a bearer token with health probes (SGLang's ``--api-key``).
     """
 
-    argv: tuple[str, ...]
+    argv: tuple[str, ...] = field(repr=False)  # may hold --api-key: the repr shows the masked form below
     host: str
     port: int
     log_path: str
@@ -53,6 +53,10 @@ class LaunchSpec:
     name: str = "engine"
     cwd: str | None = None
     token: str | None = field(default=None, repr=False)
+
+    def __repr__(self) -> str:
+        return (f"LaunchSpec(name={self.name!r}, argv={format_argv(self.argv)!r}, host={self.host!r}, "
+                f"port={self.port}, log_path={self.log_path!r})")
 
     def __post_init__(self) -> None:
         if not self.argv:

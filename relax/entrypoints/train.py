@@ -22,6 +22,7 @@ from typing import Any
 from relax.autoscaler.config import load_autoscaler_config
 from relax.config.flags import ConfigError, TrainArgs, fail, parse_args_or_exit
 from relax.config.plan import Plan, build_plan, format_plan, validate_paths, validate_plan_against_cluster
+from relax.engines.sglang import api_key_from_env
 from relax.logs import setup_logging
 
 log = logging.getLogger("relax.train")
@@ -146,7 +147,7 @@ class Driver:
             sglang_mem_fraction_static=a.sglang_mem_fraction_static,
             sglang_extra_args=tuple(a.sglang_extra_args),
             weight_sync_pause_mode=a.weight_sync_pause_mode.value,
-            engine_api_key=os.environ.get("RELAX_SGLANG_API_KEY") or None,
+            engine_api_key=api_key_from_env(),
         )
 
     def _start(self) -> int:

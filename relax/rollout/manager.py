@@ -173,7 +173,9 @@ class RolloutManager:
         if backend == "sglang":
             options = SGLangOptions(tp_size=self.cfg.gpus_per_engine,
                                     mem_fraction_static=self.cfg.sglang_mem_fraction_static,
-                                    extra_args=self.cfg.sglang_extra_args, api_key=self.cfg.engine_api_key)
+                                    extra_args=self.cfg.sglang_extra_args, api_key=self.cfg.engine_api_key,
+                                    max_running_requests=self.cfg.max_running_requests,
+                                    random_seed=self.cfg.rollout_seed)
         else:
             options = BuiltinOptions(max_running_requests=self.cfg.max_running_requests, num_threads=1)
         me = ray.get_runtime_context().current_actor
