@@ -138,6 +138,7 @@ class TrainArgs:
     micro_batch_size: int | None = None
     balance_data: bool = False
     gradient_checkpointing: bool = False
+    precision: str = "auto"  # --bf16 / --fp16 (relax.config.megatron); auto = bf16 on CUDA, fp32 on CPU
     optimizer: str = "adam"
     lr: float = 1e-6
     lr_decay_style: LRDecayStyle = LRDecayStyle.CONSTANT
@@ -514,9 +515,13 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainArgs:
         )
     compat = {key: values.pop(key) for key in list(values) if key.startswith("compat_")}
     values["eval_prompt_data"] = _eval_pairs(values["eval_prompt_data"])
+    try:
+        mapped = mapped_settings(compat)
+    except ValueError as error:  # two mapped flags for one setting (--bf16 --fp16)
+        raise ConfigError(str(error)) from None
     args = TrainArgs(
         **values,
-        **mapped_settings(compat),
+        **mapped,
         sglang_passthrough=passthrough,
         ignored_flags=ignored_options(compat),
         argv=tuple(tokens),

@@ -56,6 +56,11 @@ def _true(_: object) -> bool:
     return True
 
 
+def _constant(value: object) -> Callable[[object], object]:
+    """A ``convert`` for a switch that sets ``target`` to ``value`` (``--bf16`` -> precision "bf16")."""
+    return lambda _: value
+
+
 _FSDP = "Relax shards the model with FSDP2 over the trainer GPUs"
 _ARCH = "the architecture comes from --hf-checkpoint's config.json"
 _KERNEL = "Megatron kernel/precision switch; the FSDP2 trainer has its own defaults"
@@ -90,6 +95,17 @@ MAPPED_FLAGS: tuple[CompatFlag, ...] = (
         "spread samples over trainer ranks by token count",
         target="balance_data", convert=_true,
     ),
+    CompatFlag(
+        "--bf16", _S, Disposition.MAPPED,
+        "bf16 compute with fp32 master weights and fp32 gradient reduction on CUDA (the default there "
+        "too); fp32 on CPU",
+        target="precision", convert=_constant("bf16"),
+    ),
+    CompatFlag(
+        "--fp16", _S, Disposition.MAPPED,
+        "fp16 compute with dynamic loss scaling, fp32 master weights and gradient reduction on CUDA; fp32 on CPU",
+        target="precision", convert=_constant("fp16"),
+    ),
 )
 
 IGNORED_FLAGS: tuple[CompatFlag, ...] = (
@@ -111,7 +127,6 @@ IGNORED_FLAGS: tuple[CompatFlag, ...] = (
     _ignored("--accumulate-allreduce-grads-in-fp32", _S, "FSDP2 reduces gradients in fp32 already"),
     _ignored("--attention-softmax-in-fp32", _S, _KERNEL),
     _ignored("--attention-backend", _V, _KERNEL),
-    _ignored("--bf16", _S, "the trainer uses bf16 on CUDA and fp32 on CPU by itself"),
     _ignored("--no-rope-fusion", _S, _KERNEL),
     _ignored("--no-gradient-accumulation-fusion", _S, _KERNEL),
     _ignored("--no-masked-softmax-fusion", _S, _KERNEL),
@@ -183,14 +198,21 @@ IGNORED_WARNING_PREFIX = "ignored (Megatron-only): "
 def mapped_settings(present: Mapping[str, object]) -> dict[str, object]:
     """TrainArgs field values for the MAPPED flags that were given.
 
-    ``present`` maps ``CompatFlag.dest`` to the parsed value for flags on the command line only.
+    ``present`` maps ``CompatFlag.dest`` to the parsed value for flags on the command line only. Two flags
+    that set one field to different values (``--bf16 --fp16``) raise ``ValueError``: Megatron rejects that
+    pair too, and picking one silently would train in a precision the script did not mean.
     """
     settings: dict[str, object] = {}
+    given_by: dict[str, str] = {}
     for flag in MAPPED_FLAGS:
         if flag.dest in present:
             value = present[flag.dest]
             assert flag.target is not None
-            settings[flag.target] = flag.convert(value) if flag.convert else value
+            value = flag.convert(value) if flag.convert else value
+            if flag.target in settings and settings[flag.target] != value:
+                raise ValueError(f"{given_by[flag.target]} and {flag.option} contradict each other; give one")
+            settings[flag.target] = value
+            given_by[flag.target] = flag.option
     return settings
 
 

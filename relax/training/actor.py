@@ -19,6 +19,12 @@ How a global batch becomes one optimizer step with the same gradient whatever th
 ``old_log_probs`` are the detached current log-probs: one optimizer step per global batch means the
 policy that the PPO ratio compares against *is* the current one, so the ratio is exactly 1 and the clip
 only matters for its metrics; the gap that matters, engine vs trainer, is what TIS corrects.
+
+Precision (``TrainerConfig.precision``, docs/training.md "Precision on GPU"): on CUDA the default is FSDP2
+mixed precision, bf16 compute with fp32 master weights, fp32 gradient reduction and fp32 AdamW state, TF32
+for the fp32 matmuls that remain, SDPA attention, and the model loaded once on rank 0 and broadcast
+shard by shard instead of a full fp32 copy on every GPU. On CPU the trainer computes in fp32, as the CPU
+tests expect bit for bit.
 """
 
 from __future__ import annotations
@@ -28,10 +34,10 @@ import math
 import os
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import torch
 
@@ -45,16 +51,23 @@ from relax.training.grpo import (
 )
 
 if TYPE_CHECKING:  # pragma: no cover
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
     from relax.config.flags import TrainArgs
 
 __all__ = [
+    "PRECISIONS",
     "MicroBatch",
+    "Precision",
     "TrainerActor",
     "TrainerConfig",
     "check_samples",
     "collate",
     "loss_denominator",
+    "mixed_precision_for",
     "num_micro_batches",
+    "precision_fallback_warning",
+    "resolve_precision",
     "split_evenly",
 ]
 
@@ -63,6 +76,11 @@ T = TypeVar("T")
 
 #: Metrics that are partial sums (their sum over micro-batches and ranks is the global value).
 SUM_METRICS = frozenset({"loss", "pg_loss", "num_tokens", "num_samples"})
+
+Precision = Literal["auto", "fp32", "bf16", "fp16"]
+#: ``TrainerConfig.precision`` values: auto = bf16 on CUDA, fp32 on CPU.
+PRECISIONS: tuple[str, ...] = ("auto", "fp32", "bf16", "fp16")
+_COMPUTE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -92,8 +110,11 @@ class TrainerConfig:
     micro_batch_size: int | None = None  # samples per forward/backward on one rank; None = all at once
     gradient_checkpointing: bool = False
     dist_timeout_s: float = 600.0  # torch.distributed collective timeout
+    precision: Precision = "auto"  # compute dtype on CUDA (CPU always fp32); see resolve_precision
 
     def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if self.micro_batch_size is not None and self.micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1, got {self.micro_batch_size}")
         if self.rollout_temperature <= 0:
@@ -124,6 +145,47 @@ class TrainerConfig:
             entropy_coef=self.entropy_coef,
             aggregation=aggregation or self.aggregation,
         )
+
+
+# --------------------------------------------------------------------------------------------------
+# Precision (pure)
+
+
+def resolve_precision(precision: str, device_type: str) -> str:
+    """The precision a rank actually computes in: ``"fp32"``, ``"bf16"`` or ``"fp16"``.
+
+    ``auto`` is bf16 on CUDA (what the GPU recipes train in, and what SGLang serves) and fp32 elsewhere.
+    Off CUDA a requested bf16/fp16 also becomes fp32: CPU low-precision matmuls are slower than fp32, and
+    the CPU tests compare trainer results exactly (``precision_fallback_warning`` says so once).
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if device_type != "cuda":
+        return "fp32"
+    return "bf16" if precision == "auto" else precision
+
+
+def precision_fallback_warning(precision: str, device_type: str) -> str | None:
+    """The one warning line for a bf16/fp16 request that ``resolve_precision`` turns into fp32, else None."""
+    if precision not in _COMPUTE_DTYPES or resolve_precision(precision, device_type) == precision:
+        return None
+    return (f"trainer: precision {precision} (--{precision}) applies on CUDA only; training in fp32 on "
+            f"{device_type} (CPU {precision} matmuls are slow, and CPU results must stay exact fp32)")
+
+
+def mixed_precision_for(precision: str, device_type: str) -> MixedPrecisionPolicy | None:
+    """The FSDP2 policy every ``fully_shard`` call gets, or None for plain fp32 (CPU, or ``fp32``).
+
+    Only the unsharded parameters that forward/backward run on are cast (``param_dtype``): the sharded
+    parameters the optimizer updates stay fp32 (the master copy, and so AdamW's moments too), and gradients
+    are reduce-scattered in fp32 (``reduce_dtype``) so averaging over ranks loses nothing.
+    """
+    resolved = resolve_precision(precision, device_type)
+    if resolved == "fp32":
+        return None
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    return MixedPrecisionPolicy(param_dtype=_COMPUTE_DTYPES[resolved], reduce_dtype=torch.float32)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -347,6 +409,91 @@ def _shard_units(model: torch.nn.Module) -> list[torch.nn.Module]:
     return list(layers) if layers is not None else []
 
 
+def _shard(model: torch.nn.Module, mesh: Any, mp_policy: MixedPrecisionPolicy | None = None) -> Any:
+    """``fully_shard`` every decoder layer, then the root; all of them get the same precision policy."""
+    from torch.distributed.fsdp import fully_shard
+
+    kwargs: dict[str, Any] = {} if mp_policy is None else {"mp_policy": mp_policy}
+    for unit in _shard_units(model):
+        fully_shard(unit, mesh=mesh, **kwargs)
+    fully_shard(model, mesh=mesh, **kwargs)
+    return model
+
+
+def _load_hf_model(checkpoint: str, attn_implementation: str | None = None) -> torch.nn.Module:
+    """The full model on CPU in float32 (the master weights), via ``from_pretrained``."""
+    from transformers import AutoModelForCausalLM
+
+    kwargs = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
+    return AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32, **kwargs)
+
+
+def _sharded_from_rank0(
+    full: torch.nn.Module | None,
+    checkpoint: str,
+    mesh: Any,
+    device: torch.device,
+    mp_policy: MixedPrecisionPolicy | None,
+    *,
+    attn_implementation: str | None = "sdpa",
+    prepare: Callable[[torch.nn.Module], object] | None = None,
+) -> Any:
+    """An FSDP2 model whose weights come from rank 0's ``full`` CPU copy (``None`` on the other ranks).
+
+    Why: ``from_pretrained`` on every rank followed by ``.to(cuda)`` puts a whole fp32 model on every GPU
+    before sharding (16 GB for a 4B model) and makes every rank read the checkpoint. Here every rank builds
+    the model on the meta device (no memory), ``prepare``s it (gradient checkpointing must precede
+    ``fully_shard``), shards it, allocates only its own shards (``to_empty``), and
+    ``set_model_state_dict(..., broadcast_from_rank0=True)`` streams rank 0's tensors one at a time into
+    them: a GPU holds its shards plus one full tensor at most. This is the FSDP2 pattern torch supports
+    directly (the same call ``load_checkpoint`` makes). The alternative, every rank reading its own slices of
+    the safetensors, spares rank 0's host copy but must redo ``from_pretrained``'s checkpoint->memory name
+    and layout conversions (transformers 5 fuses MoE experts) and weight tying; one ``from_pretrained`` on
+    rank 0 gets them right by construction. Non-persistent buffers (rotary ``inv_freq``) are in no state
+    dict, and ``to_empty`` leaves them uninitialised: they are broadcast from rank 0's copy as well.
+    """
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    kwargs = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
+    hf_config = AutoConfig.from_pretrained(checkpoint)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32, **kwargs)
+    if prepare is not None:
+        prepare(model)
+    _shard(model, mesh, mp_policy)
+    model.to_empty(device=device)
+    state = dict(full.state_dict()) if full is not None else {}
+    set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    persistent = set(model.state_dict())
+    source = dict(full.named_buffers()) if full is not None else {}
+    with torch.no_grad():
+        for name, buffer in model.named_buffers():
+            if name in persistent:
+                continue
+            if full is not None:
+                buffer.copy_(source[name])
+            dist.broadcast(buffer, src=0)
+    if full is not None and hasattr(full, "_weight_conversions"):
+        # How from_pretrained mapped checkpoint names; full_state_dict (rank 0) reverts it on publication.
+        model._weight_conversions = full._weight_conversions
+    return model
+
+
+def _pad_token_id(hf_config: Any) -> int:
+    pad = getattr(hf_config, "pad_token_id", None)
+    if pad is None:
+        pad = getattr(hf_config, "eos_token_id", None)
+    return int(pad[0] if isinstance(pad, list) else pad) if pad is not None else 0
+
+
+def _allow_tf32() -> None:
+    """Let the fp32 matmuls and convolutions that remain on CUDA use TF32 tensor cores (process-wide)."""
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+
+
 def _quiet_transformers() -> None:
     try:
         from transformers.utils import logging as hf_logging
@@ -383,6 +530,8 @@ class TrainerActor:
         self.ref_model: Any = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.device = torch.device("cpu")
+        self.precision = "fp32"  # resolved in init: what the forward/backward compute in
+        self.grad_scaler: Any = None  # dynamic loss scaling, fp16 only (bf16 has fp32's exponent range)
         self.pad_token_id = 0
         self.step = 0  # optimizer steps taken (restored by load_checkpoint)
         self._hf_keys: list[str] = []
@@ -404,7 +553,6 @@ class TrainerActor:
     def init(self, rank: int, world_size: int, master_addr: str, master_port: int, config: TrainerConfig) -> dict:
         """Join the process group, load and shard the model, build AdamW. Returns a short description."""
         import torch.distributed as dist
-        from transformers import AutoModelForCausalLM
 
         t0 = time.perf_counter()
         torch.set_num_threads(1)
@@ -422,44 +570,82 @@ class TrainerActor:
         dist.init_process_group(backend, rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=config.dist_timeout_s))
         _seed_everything(config.seed)
+        self.precision = resolve_precision(config.precision, self.device.type)
+        warning = precision_fallback_warning(config.precision, self.device.type)
+        if warning and rank == 0:
+            logger.warning(warning)
+        mp_policy = mixed_precision_for(config.precision, self.device.type)
 
         from torch.distributed.device_mesh import init_device_mesh
 
         mesh = init_device_mesh(self.device.type, (world_size,))
-        model = AutoModelForCausalLM.from_pretrained(config.hf_checkpoint, dtype=torch.float32)
-        self._hf_keys = _hf_save_keys(model)
-        pad = getattr(model.config, "pad_token_id", None)
-        if pad is None:
-            pad = getattr(model.config, "eos_token_id", None)
-        self.pad_token_id = int(pad[0] if isinstance(pad, list) else pad) if pad is not None else 0
-        if config.gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        model.config.use_cache = False
-        self.model = self._shard(model.to(self.device), mesh)
+        if self.device.type == "cuda":
+            _allow_tf32()
+            self._load_from_rank0(config, mesh, mp_policy)
+        else:
+            self._load_on_every_rank(config, mesh)
         self.model.train()
-        if config.kl_loss_coef > 0:
-            ref = AutoModelForCausalLM.from_pretrained(config.hf_checkpoint, dtype=torch.float32)
-            ref.requires_grad_(False)
-            self.ref_model = self._shard(ref.to(self.device), mesh).eval()
+        if self.precision == "fp16":
+            from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+            self.grad_scaler = ShardedGradScaler(device=self.device.type)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=config.lr, betas=(config.adam_beta1, config.adam_beta2),
             eps=config.adam_eps, weight_decay=config.weight_decay,
         )
-        num_params = sum(p.numel() for p in model.parameters())
+        num_params = sum(p.numel() for p in self.model.parameters())
         elapsed = time.perf_counter() - t0
-        logger.info("trainer rank %d/%d: ready on %s (%s), %d params, reference=%s, %.1fs", rank, world_size,
-                    self.device, backend, num_params, self.ref_model is not None, elapsed)
-        return {"rank": rank, "device": str(self.device), "backend": backend, "num_params": num_params,
-                "init_s": elapsed}
+        logger.info("trainer rank %d/%d: ready on %s (%s), precision %s, %d params, reference=%s, %.1fs", rank,
+                    world_size, self.device, backend, self.precision, num_params, self.ref_model is not None,
+                    elapsed)
+        return {"rank": rank, "device": str(self.device), "backend": backend, "precision": self.precision,
+                "num_params": num_params, "init_s": elapsed}
 
     @staticmethod
-    def _shard(model: torch.nn.Module, mesh: Any) -> Any:
-        from torch.distributed.fsdp import fully_shard
+    def _prepare_policy(model: torch.nn.Module, config: TrainerConfig) -> None:
+        if config.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
 
-        for unit in _shard_units(model):
-            fully_shard(unit, mesh=mesh)
-        fully_shard(model, mesh=mesh)
-        return model
+    def _load_on_every_rank(self, config: TrainerConfig, mesh: Any) -> None:
+        """CPU: every rank loads the fp32 checkpoint and keeps its shard (the models CPU runs fit in RAM)."""
+        model = _load_hf_model(config.hf_checkpoint)
+        self._hf_keys = _hf_save_keys(model)
+        self.pad_token_id = _pad_token_id(model.config)
+        self._prepare_policy(model, config)
+        self.model = _shard(model.to(self.device), mesh)
+        if config.kl_loss_coef > 0:
+            ref = _load_hf_model(config.hf_checkpoint)
+            ref.requires_grad_(False)
+            self.ref_model = _shard(ref.to(self.device), mesh).eval()
+
+    def _load_from_rank0(self, config: TrainerConfig, mesh: Any, mp_policy: MixedPrecisionPolicy | None) -> None:
+        """CUDA: rank 0 loads the checkpoint once, on CPU; policy and reference are filled from that copy.
+
+        See ``_sharded_from_rank0`` for why. A rank-0 load failure is shared with every rank, so the others
+        raise too instead of waiting in the broadcast.
+        """
+        import torch.distributed as dist
+
+        full: torch.nn.Module | None = None
+        box: list[Any] = [None, []]
+        if self.rank == 0:
+            try:
+                full = _load_hf_model(config.hf_checkpoint, attn_implementation="sdpa")
+                box[1] = _hf_save_keys(full)  # needs real storages to tell tied aliases apart
+            except Exception as exc:  # noqa: BLE001 - reported to every rank below
+                box[0] = f"loading {config.hf_checkpoint} failed: {type(exc).__name__}: {exc}"
+        dist.broadcast_object_list(box, src=0)
+        if box[0] is not None:
+            raise RuntimeError(f"rank 0: {box[0]}")
+        self._hf_keys = list(box[1])
+        self.model = _sharded_from_rank0(full, config.hf_checkpoint, mesh, self.device, mp_policy,
+                                         prepare=lambda m: self._prepare_policy(m, config))
+        if config.kl_loss_coef > 0:
+            self.ref_model = _sharded_from_rank0(full, config.hf_checkpoint, mesh, self.device, mp_policy,
+                                                 prepare=lambda m: m.requires_grad_(False)).eval()
+        del full
+        self.pad_token_id = _pad_token_id(self.model.config)
 
     def shutdown(self) -> None:
         import torch.distributed as dist
@@ -534,6 +720,8 @@ class TrainerActor:
         out.update(grad_norm=grad_norm, skipped=float(skipped), num_tokens=float(acc.tokens),
                    num_samples=float(len(samples)), step=float(self.step), step_time_s=time.perf_counter() - t0,
                    peak_memory_mb=_peak_memory_mb(self.device))
+        if self.grad_scaler is not None:
+            out["loss_scale"] = float(self.grad_scaler.get_scale())
         logger.info("trainer rank %d/%d: step %d, %d samples, %d tokens, loss %.5f, grad_norm %.4f, %.3fs%s",
                     self.rank, self.world_size, self.step, len(samples), acc.tokens, out.get("loss", 0.0),
                     grad_norm, out["step_time_s"], " (skipped: non-finite grad norm)" if skipped else "")
@@ -562,7 +750,8 @@ class TrainerActor:
             denominator=denominator,
         )
         # FSDP averages gradients over ranks; the loss is already a share of the global mean.
-        (loss * self.world_size).backward()
+        loss = loss * self.world_size
+        (loss if self.grad_scaler is None else self.grad_scaler.scale(loss)).backward()
         return metrics, mb.num_loss_tokens
 
     def _dummy_backward(self) -> None:
@@ -575,17 +764,28 @@ class TrainerActor:
         (logits.sum() * 0.0).backward()
 
     def _clip_and_step(self) -> tuple[float, bool]:
-        """Clip to ``clip_grad`` (global norm over the DTensor shards) and step; skip non-finite updates."""
+        """Clip to ``clip_grad`` (global norm over the DTensor shards) and step; skip non-finite updates.
+
+        With fp16 the gradients are unscaled first, so norm, clip and step see the true ones; an overflow
+        (a non-finite norm) skips the step and the scaler backs off, as in Megatron's dynamic loss scaling.
+        """
         cfg = self._cfg()
         assert self.optimizer is not None
+        scaler = self.grad_scaler
+        if scaler is not None:
+            scaler.unscale_(self.optimizer)
         max_norm = cfg.clip_grad if cfg.clip_grad > 0 else float("inf")
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
         if hasattr(norm, "full_tensor"):
             norm = norm.full_tensor()
         grad_norm = float(norm)
         skipped = not math.isfinite(grad_norm)
-        if not skipped:
+        if not skipped and scaler is not None:
+            scaler.step(self.optimizer)
+        elif not skipped:
             self.optimizer.step()
+        if scaler is not None:
+            scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         return grad_norm, skipped
 
@@ -722,7 +922,7 @@ class TrainerActor:
 
     def info(self) -> dict[str, Any]:
         return {"rank": self.rank, "world_size": self.world_size, "step": self.step, "device": str(self.device),
-                "pid": os.getpid(), "reference": self.ref_model is not None}
+                "precision": self.precision, "pid": os.getpid(), "reference": self.ref_model is not None}
 
 
 def _peak_memory_mb(device: torch.device) -> float:

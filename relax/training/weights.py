@@ -3,7 +3,8 @@
 (docs/architecture.md, "Weights and staleness".)
 
 The path of one version: trainer rank 0 gathers the full state dict, ``make_buckets`` cuts it into
-pieces of about ``bucket_bytes`` (so no single object-store object is huge and pulls can stream), the
+pieces of about ``bucket_bytes`` (so no single object-store object is huge and pulls can stream; with
+``dtype=torch.bfloat16`` for bf16 engines, half the bytes of the fp32 master weights), the
 buckets go into Ray's object store, and the ``WeightRegistry`` (inside the RolloutManager) records
 ``version -> (bucket refs, manifest)``. Each engine pulls the buckets of a version, ``materialize``
 writes them as an HF-loadable directory in node-local shared memory, and the engine's server loads it
@@ -45,6 +46,7 @@ __all__ = [
     "make_buckets",
     "materialize",
     "merge_buckets",
+    "publish_tensor",
     "version_dir",
     "write_safetensors",
 ]
@@ -66,21 +68,40 @@ def _nbytes(t: torch.Tensor) -> int:
 # Buckets and manifests
 
 
+def publish_tensor(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    """``tensor`` as published: floating tensors cast to ``dtype`` (None: as they are), others untouched.
+
+    Integer and bool buffers (position ids, masks, quantisation indices) keep their dtype: a cast would
+    change their values or meaning, and they are small.
+    """
+    if dtype is None or not tensor.is_floating_point() or tensor.dtype == dtype:
+        return tensor
+    return tensor.to(dtype)
+
+
 def make_buckets(
-    state_dict: Mapping[str, torch.Tensor], bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    state_dict: Mapping[str, torch.Tensor], bucket_bytes: int = DEFAULT_BUCKET_BYTES, *,
+    dtype: torch.dtype | None = None,
 ) -> list[dict[str, torch.Tensor]]:
     """Cut a state dict into consecutive buckets of at most ``bucket_bytes`` each (order kept).
 
     A tensor larger than the limit gets a bucket of its own rather than being split: engines load whole
     tensors, and a 1 GiB embedding in one object is still fine for the object store. An empty state dict
     gives no buckets.
+
+    ``dtype`` is the publication dtype: the trainer gathers fp32 master weights, but engines that serve
+    bf16 (SGLang on GPU loads a bf16 checkpoint) would cast them on load anyway, so publishing bf16 halves
+    the bytes through the object store and shared memory for the same weights the engine ends up with.
+    Floating tensors only (``publish_tensor``); None publishes as gathered (the built-in engine on CPU is
+    fp32). Sizes, and so the cut, are those of the published tensors.
     """
     if bucket_bytes <= 0:
         raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
     buckets: list[dict[str, torch.Tensor]] = []
     current: dict[str, torch.Tensor] = {}
     size = 0
-    for name, tensor in state_dict.items():
+    for name, original in state_dict.items():
+        tensor = publish_tensor(original, dtype)
         n = _nbytes(tensor)
         if current and size + n > bucket_bytes:
             buckets.append(current)
