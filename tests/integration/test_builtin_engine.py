@@ -324,7 +324,10 @@ async def test_pause_retract_resumes_requests_to_completion(client, prompt_text)
     try:
         await client.post("/pause_generation", json={"mode": "retract"})
         m = await _metrics(client)
-        assert m["sglang:num_queue_reqs"] == 1 and m["sglang:num_running_reqs"] == 0
+        # still in flight (held for the pause), not demand: counted as running, never as queued
+        assert m["sglang:num_queue_reqs"] == 0 and m["sglang:num_running_reqs"] == 1
+        info = (await client.get("/server_info")).json()
+        assert info["paused"] is True
     finally:
         await client.post("/continue_generation")
     body = (await task).json()

@@ -183,6 +183,8 @@ class Engine:
             if mode is PauseMode.ABORT:
                 self._abort_locked(None, "aborted by pause_generation")
             elif mode is PauseMode.RETRACT:
+                for req in self._running:
+                    req.retracted = True
                 self._waiting.push_front(self._running)
                 self._running = []
                 self.runner.invalidate()
@@ -226,10 +228,16 @@ class Engine:
         return replace(load, num_queue_reqs=load.num_queue_reqs + arrived) if arrived else load
 
     def _publish_load_locked(self) -> None:
+        """Retracted requests count as running: they are in flight, held for a pause (a weight load) that lasts
+        a fraction of a second, not demand waiting for capacity. SGLang's gauges, sampled at scheduler events,
+        do not show a pause's retraction either; counting them as queued made every weight sync look like a
+        queue to the autoscaler (measured in the tiny twin, 2 publications/s: scale-in blocked for minutes)."""
+        retracted = [r for r in self._waiting if r.retracted]
+        in_flight = [*self._running, *retracted]
         self._load = LoadSnapshot(
-            num_running_reqs=len(self._running),
-            num_queue_reqs=len(self._waiting),
-            num_used_tokens=sum(r.used_tokens for r in self._running),
+            num_running_reqs=len(in_flight),
+            num_queue_reqs=len(self._waiting) - len(retracted),
+            num_used_tokens=sum(r.used_tokens for r in in_flight),
             max_total_num_tokens=self.capacity.max_total_tokens,
         )
 
@@ -270,6 +278,7 @@ class Engine:
         if admitted:
             self._waiting.remove(admitted)
             for req in admitted:
+                req.retracted = False
                 if req.scheduled_at is None:  # a retracted request was already counted
                     req.scheduled_at = now
                     self.metrics.queue_time.observe(now - req.arrival)

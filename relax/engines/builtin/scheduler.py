@@ -46,6 +46,7 @@ class Request:
     weight_version: str = ""  # at finish: the newest version that produced a token (SGLang's meta_info)
     version_changes: list[VersionChange] = field(default_factory=list)  # updates seen while generating
     version_spans: list[VersionSpan] = field(default_factory=list)  # at finish: which version made which tokens
+    retracted: bool = False  # put back in the queue by a retract pause, not yet running again
 
     @property
     def reserved_tokens(self) -> int:
