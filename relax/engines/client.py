@@ -388,21 +388,16 @@ class EngineClient:
         Builds older than ``/model_info``'s ``weight_version`` field answered ``/get_weight_version``;
         that route is tried only when ``/model_info`` lacks the field or does not exist.
         """
-        endpoint = "/model_info"
-        try:
-            body = await self._get_json(endpoint)
-        except EngineError as exc:
-            if exc.status_code != 404:
-                raise
-            body = None
-        if not isinstance(body, dict) or "weight_version" not in body:
-            endpoint = LEGACY_WEIGHT_VERSION_ROUTE
+        body: Any = None
+        for endpoint in ("/model_info", LEGACY_WEIGHT_VERSION_ROUTE):
             try:
                 body = await self._get_json(endpoint)
             except EngineError as exc:
                 if exc.status_code != 404:
                     raise
                 body = None
+            if isinstance(body, dict) and "weight_version" in body:
+                break
         if not isinstance(body, dict) or "weight_version" not in body:
             raise EngineError(
                 f"{self.base_url} reports no weight version: /model_info has no 'weight_version' and "

@@ -111,7 +111,9 @@ def test_recipe_three_checks_on_an_elastic_cluster(cluster, jobs, tiny_preset, t
         load_ended = time.monotonic()
         assert any(e["kind"] == "elastic" for e in grown)
         outs = requests("scale_out")
-        assert any(r["status"] in ("ACTIVE", "PARTIAL") for r in outs), outs
+        assert any(r["status"] in ("ACTIVE", "PARTIAL") for r in outs), [
+            (r["request_id"], r["status"], r["error"], [(e["engine_id"], e["state"], e["error"]) for e in r["engines"]])
+            for r in outs]
         logs = jobs.get_job_logs(job_id)
         assert "scale-out so-" in logs and "placement group ready" in logs
 

@@ -148,26 +148,34 @@ async def test_logprobs_match_teacher_forced_forward(client, tiny_preset, tokeni
 async def test_requests_joining_a_running_batch_keep_exact_logprobs(client, tiny_preset, tokenizer) -> None:
     """Newcomers are encoded alone and merged into the running batch's cache (padding aligned and masked):
     the running request and every joiner must still see exactly the teacher-forced distribution."""
-    texts = [tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
-                                           add_generation_prompt=True)
-             for content in ("What is 3 + 4?", "Add 9 and 8, then say the answer twice please.", "1 + 1?")]
-    ids = [tokenizer.encode(t) for t in texts]
-    params = {"max_new_tokens": 40, "temperature": 1.0, "ignore_eos": True}
+    ids = [tokenizer.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
+                                         return_dict=False)
+           for content in ("What is 3 + 4?", "Add 9 and 8, then say the answer twice please.", "1 + 1?")]
+    await check_joiners_logprobs(client, tiny_preset.model_dir, ids, max_new_tokens=40, first_tokens=120,
+                                 temperature=1.0)
+
+
+async def check_joiners_logprobs(client: httpx.AsyncClient, model_dir: Path, ids: list[list[int]], *,
+                                 max_new_tokens: int, first_tokens: int, temperature: float) -> None:
+    """Freeze ``ids[0]`` mid-generation, queue the others so they join its cached batch, then check every
+    request's log-probs against a teacher-forced forward (<= 1e-4) and that the joiners had their own encode."""
+    assert len({len(i) for i in ids}) > 1  # different prompt lengths: the merge must pad and align them
+    params = {"max_new_tokens": max_new_tokens, "temperature": temperature, "ignore_eos": True}
     before = (await client.get("/server_info")).json()["stats"]
     (first,) = await _freeze_running(client, [{
-        "input_ids": ids[0], "return_logprob": True, "sampling_params": {**params, "max_new_tokens": 120}}])
+        "input_ids": ids[0], "return_logprob": True, "sampling_params": {**params, "max_new_tokens": first_tokens}}])
     try:  # the first request is frozen mid-generation with its cache: the others must join it
         joiners = [asyncio.create_task(client.post("/generate", json={
             "input_ids": i, "return_logprob": True, "sampling_params": params})) for i in ids[1:]]
-        await _poll(lambda: _queued_at_least(client, 2))
+        await _poll(lambda: _queued_at_least(client, len(joiners)))
     finally:
         await client.post("/continue_generation")
     outs = [(await t).json() for t in (first, *joiners)]
     after = (await client.get("/server_info")).json()["stats"]
-    assert outs[0]["meta_info"]["completion_tokens"] == 120
+    assert [o["meta_info"]["completion_tokens"] for o in outs] == [first_tokens] + [max_new_tokens] * len(joiners)
     assert after["prefills"] - before["prefills"] >= 2  # the first one's prefill, then the joiners' own encode
     for prompt_ids, out in zip(ids, outs, strict=True):
-        expected = teacher_forced_logprobs(tiny_preset.model_dir, prompt_ids, out["output_ids"], 1.0)
+        expected = teacher_forced_logprobs(model_dir, prompt_ids, out["output_ids"], temperature)
         got = [lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]]
         assert max(abs(g - e) for g, e in zip(got, expected, strict=True)) < 1e-4
 

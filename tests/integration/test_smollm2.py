@@ -19,7 +19,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from relax.data.rewards import get_reward_fn
-from tests.integration.test_builtin_engine import _freeze_running, _poll, _queued_at_least, teacher_forced_logprobs
+from tests.integration.test_builtin_engine import _poll, check_joiners_logprobs
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -69,26 +69,9 @@ async def test_engine_logprobs_match_teacher_forced_also_when_joining(smollm2_pr
     contents = ("What is 3 + 4?", "Add 9 and 8, then explain how you did it.", "What is 12 plus 5?")
     ids = [tokenizer.apply_chat_template([{"role": "user", "content": c}], add_generation_prompt=True,
                                          return_dict=False) for c in contents]
-    assert len({len(i) for i in ids}) > 1  # different prompt lengths: the merge must pad and align them
-    params = {"max_new_tokens": 12, "temperature": 0.7, "ignore_eos": True}
     async with httpx.AsyncClient(base_url=smollm2_engine.url, timeout=120, trust_env=False) as client:
-        before = (await client.get("/server_info")).json()["stats"]
-        (first,) = await _freeze_running(client, [{
-            "input_ids": ids[0], "return_logprob": True, "sampling_params": {**params, "max_new_tokens": 24}}])
-        try:  # the first request is frozen mid-generation with its cache: the others must join it
-            joiners = [asyncio.create_task(client.post("/generate", json={
-                "input_ids": i, "return_logprob": True, "sampling_params": params})) for i in ids[1:]]
-            await _poll(lambda: _queued_at_least(client, 2))
-        finally:
-            await client.post("/continue_generation")
-        outs = [(await t).json() for t in (first, *joiners)]
-        after = (await client.get("/server_info")).json()["stats"]
-    assert after["prefills"] - before["prefills"] >= 2  # the first one's prefill, then the joiners' own encode
-    assert [o["meta_info"]["completion_tokens"] for o in outs] == [24, 12, 12]
-    for prompt_ids, out in zip(ids, outs, strict=True):
-        expected = teacher_forced_logprobs(smollm2_preset.model_dir, prompt_ids, out["output_ids"], 0.7)
-        got = [lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]]
-        assert max(abs(g - e) for g, e in zip(got, expected, strict=True)) < 1e-4
+        await check_joiners_logprobs(client, smollm2_preset.model_dir, ids, max_new_tokens=12, first_tokens=24,
+                                     temperature=0.7)
 
 
 async def _running(client: httpx.AsyncClient, n: int) -> bool:

@@ -35,22 +35,7 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "sglang_contract.py"
 SNAPSHOT_PATH = REPO / "scripts" / f"sglang-contract-{sglang.VERIFIED_SGLANG}.json"
 
-# Used only while relax/engines/client.py has no SGLANG_ROUTES_USED constant: keep it equal to the routes the
-# client calls. Once the constant exists (it is the source of truth, next to the calls) this list is ignored.
-FALLBACK_ROUTES_USED: tuple[str, ...] = (
-    "/generate",
-    "/health",
-    "/health_generate",
-    "/metrics",
-    "/flush_cache",
-    "/pause_generation",
-    "/continue_generation",
-    "/abort_request",
-    "/update_weights_from_disk",
-    "/server_info",
-    "/model_info",
-)
-ROUTES_USED: tuple[str, ...] = getattr(engine_client, "SGLANG_ROUTES_USED", FALLBACK_ROUTES_USED)
+ROUTES_USED: tuple[str, ...] = engine_client.SGLANG_ROUTES_USED  # next to the calls, the source of truth
 
 
 def load_contract_module() -> ModuleType:

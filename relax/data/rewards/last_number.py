@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import re
 
+from relax.data.rewards.tiny_task import score_number
+
 __all__ = ["compute_score", "last_number"]
 
 # An integer or decimal with optional sign; thousands separators are not numbers here ("1,000" -> 1, 000).
@@ -30,11 +32,4 @@ def last_number(response: str) -> float | None:
 
 def compute_score(response: str, label: str) -> float:
     """1.0 when the last number in ``response`` equals ``label`` numerically, else 0.0 (bad labels score 0)."""
-    predicted = last_number(response)
-    if predicted is None:
-        return 0.0
-    try:
-        expected = float(str(label).strip())
-    except ValueError:
-        return 0.0
-    return 1.0 if predicted == expected else 0.0
+    return score_number(last_number(response), label)

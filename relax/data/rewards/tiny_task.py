@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["compute_score", "extract_answer"]
+__all__ = ["compute_score", "extract_answer", "score_number"]
 
 # "Answer:" (any case), optional spaces, then an integer or decimal with optional sign. The look-aheads
 # refuse run-ons such as "Answer: 7abc" or "Answer: 7.5.1", which would otherwise read as 7; a
@@ -39,7 +39,11 @@ def compute_score(response: str, label: str) -> float:
     ``label`` is the dataset's string label (``"7"``); an unparsable label scores 0 rather than
     raising, so one bad data line cannot stop a training run.
     """
-    predicted = extract_answer(response)
+    return score_number(extract_answer(response), label)
+
+
+def score_number(predicted: float | None, label: str) -> float:
+    """1.0 when ``predicted`` equals the numeric ``label``; 0.0 for no prediction or an unparsable label."""
     if predicted is None:
         return 0.0
     try:
