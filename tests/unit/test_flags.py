@@ -309,3 +309,13 @@ def test_help_exits_zero(capsys):
     assert info.value.code == 0
     out = capsys.readouterr().out
     assert "--scale-out-partial-success-policy" in out and "--no-enable-affinity" in out
+
+
+def test_weight_sync_pause_mode_defaults_to_retract_and_names_bad_values() -> None:
+    from relax.config.flags import WeightSyncPauseMode
+
+    assert parse_args([]).weight_sync_pause_mode is WeightSyncPauseMode.RETRACT
+    assert parse_args(["--weight-sync-pause-mode", "in_place"]).weight_sync_pause_mode is WeightSyncPauseMode.IN_PLACE
+    assert parse_args(["--weight-sync-pause-mode", "none"]).weight_sync_pause_mode is WeightSyncPauseMode.NONE
+    message = _error(["--weight-sync-pause-mode", "later"])
+    assert "--weight-sync-pause-mode" in message and "retract, in_place, abort, none" in message
