@@ -109,6 +109,7 @@ class EngineFleet:
         self._clients: dict[str, EngineHTTP] = {}
         self._sync_locks: dict[str, asyncio.Lock] = {}
         self._syncing: set[str] = set()  # engines loading weights now (not health-probed meanwhile)
+        self._sync_idle: dict[str, asyncio.Event] = {}  # set while the engine is not loading weights
         self.last_syncs: dict[str, dict[str, Any]] = {}  # per engine: its last weight load's timings
         self._drain_events: dict[str, asyncio.Event] = {}
         self._cancelled: set[str] = set()
@@ -284,6 +285,8 @@ class EngineFleet:
                 if latest is None or (record.weight_version or 0) >= latest.version:
                     return
                 self._syncing.add(engine_id)  # paused or loading: its health probe would fail, by design
+                idle = self._sync_idle.setdefault(engine_id, asyncio.Event())
+                idle.clear()
                 began = time.monotonic()
                 try:
                     if record.kind is EngineKind.EXTERNAL:
@@ -294,9 +297,21 @@ class EngineFleet:
                                                                    self.settings.weight_sync_pause_mode)
                 finally:
                     self._syncing.discard(engine_id)
+                    idle.set()
                 self.last_syncs[engine_id] = {**(timings or {}), "version": latest.version,
                                               "total_s": time.monotonic() - began}
                 self.pool.set_weight_version(engine_id, latest.version)
+
+    async def wait_not_syncing(self, engine_id: str) -> None:
+        """Hold a request for an engine that is paused for a weight load until it continues.
+
+        Sent now, it would only wait in the engine's queue, where the autoscaler reads queued requests as
+        missing capacity; more engines would not help, they pause for each publication too. Held here, the
+        wait still shows in the request's latency and the rollout's time, but not as a queue.
+        """
+        idle = self._sync_idle.get(engine_id)
+        if idle is not None and not idle.is_set():
+            await idle.wait()
 
     async def _sync_external(self, engine_id: str, latest: Any) -> dict[str, Any]:
         """External engines load from a directory this process writes: they must share its filesystem."""

@@ -220,11 +220,13 @@ class RolloutManager:
         while True:
             attempt += 1
             engine_id = await self._acquire(group_key, excluded)
-            version = self.pool.get(engine_id).weight_version or 0
             self.pool.set_in_flight(engine_id, self.router.in_flight(engine_id))
             failure: FailureKind | None = None
             error: BaseException | None = None
+            version = 0
             try:
+                await self.fleet.wait_not_syncing(engine_id)  # a weight load in progress: hold it here
+                version = self.pool.get(engine_id).weight_version or 0
                 out = await self.fleet.client(engine_id).generate(
                     input_ids=input_ids,
                     sampling_params=sampling_params,
