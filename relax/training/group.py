@@ -22,15 +22,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from relax.training.actor import (
-    SUM_METRICS,
-    TrainerActor,
-    TrainerConfig,
-    check_samples,
-    loss_denominator,
-    num_micro_batches,
-    split_evenly,
-)
+from relax.training.actor import SUM_METRICS, TrainerActor, TrainerConfig
+from relax.training.batching import check_samples, loss_denominator, num_micro_batches, split_evenly
 from relax.training.grpo import LossAggregation
 
 __all__ = ["TrainerGroup", "TrainerRankError", "TrainerTimeoutError", "reduce_rank_metrics"]
