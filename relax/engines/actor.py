@@ -221,7 +221,8 @@ class EngineActor:
             began = time.monotonic()
             if self.backend == "sglang":  # one clear line before anything starts, not a server that never comes up
                 python = getattr(self.options, "python", None) or sys.executable
-                logger.info("%s: SGLang %s (%s)", self.engine_id, check_sglang_version(python), python)
+                found = check_sglang_version(python, env=self.env)  # the server's interpreter and environment
+                logger.info("%s: SGLang %s (%s)", self.engine_id, found, python)
             if initial_weights is not None:
                 self._prepare_start_from(*initial_weights)
             server, healthy_after = self._launch_until_healthy(resolve_host(self.host))

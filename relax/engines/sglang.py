@@ -271,8 +271,9 @@ def sglang_spec(
 Runner = Callable[[Sequence[str], float], tuple[int, str, str]]
 
 
-def _run(argv: Sequence[str], timeout: float) -> tuple[int, str, str]:
-    result = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+def _run(argv: Sequence[str], timeout: float, env: Mapping[str, str] | None = None) -> tuple[int, str, str]:
+    result = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+                            env=None if env is None else {**os.environ, **env})
     return result.returncode, result.stdout, result.stderr
 
 
@@ -286,16 +287,21 @@ def check_sglang_version(
     *,
     timeout: float = VERSION_CHECK_TIMEOUT_S,
     runner: Runner = _run,
+    env: Mapping[str, str] | None = None,
 ) -> str:
     """The SGLang version installed for interpreter ``python``; raises :class:`SGLangVersionError` otherwise.
 
     Asks that interpreter in a subprocess (package metadata only: SGLang is never imported, here or there)
     because the interpreter that runs SGLang is often not Relax's own (``SGLangOptions.python``). Every
     failure is one line naming the interpreter and the fix. Pre-releases and dev builds inside the range
-    are accepted (a source build of a 0.5 branch reports ``0.5.24.dev0``). ``runner`` is for tests.
+    are accepted (a source build of a 0.5 branch reports ``0.5.24.dev0``). ``env``: the overrides the server
+    will run with (a ``PYTHONPATH`` decides what is installed, as for the server). ``runner`` is for tests.
     """
     try:
-        code, out, err = runner([python, "-c", _VERSION_PROBE], timeout)
+        if env is not None and runner is _run:
+            code, out, err = _run([python, "-c", _VERSION_PROBE], timeout, env)
+        else:
+            code, out, err = runner([python, "-c", _VERSION_PROBE], timeout)
     except subprocess.TimeoutExpired:
         raise SGLangVersionError(
             f"asking {python} for its SGLang version timed out after {timeout:g} s; check that the interpreter "

@@ -179,6 +179,10 @@ def test_sglang_backend_path_and_ray_kill_ends_the_server(ray_cluster, tmp_path:
     package.mkdir(parents=True)
     (package / "__init__.py").write_text("")
     (package / "launch_server.py").write_text(FAKE_SGLANG)
+    # installed as far as package metadata goes: the actor checks the version before it starts SGLang
+    metadata = tmp_path / "fake" / "sglang-0.5.23.dist-info"
+    metadata.mkdir()
+    (metadata / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.23\n")
     actor = spawn_engine_actor(
         "engine_sgl", "sglang", "/models/qwen3-4b", num_gpus=1, num_cpus=0,
         options=SGLangOptions(mem_fraction_static=0.7, extra_args=("--dtype", "bfloat16")),
@@ -224,5 +228,32 @@ def test_launch_failure_quotes_the_server_log(ray_cluster, tmp_path: Path) -> No
         assert "has no config.json" in str(info.value)
         assert "engine_bad" in str(cause)
         assert ray.get(actor.is_alive.remote()) is False
+    finally:
+        ray.kill(actor)
+
+
+def test_sglang_missing_or_too_old_is_one_line_before_anything_starts(ray_cluster, tmp_path: Path) -> None:
+    import ray
+
+    from relax.engines.actor import spawn_engine_actor
+    from relax.engines.sglang import SGLangVersionError
+
+    package = tmp_path / "fake" / "sglang"
+    package.mkdir(parents=True)
+    (package / "launch_server.py").write_text(FAKE_SGLANG)
+    metadata = tmp_path / "fake" / "sglang-0.4.9.dist-info"  # before --weight-version existed
+    metadata.mkdir()
+    (metadata / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang\nVersion: 0.4.9\n")
+    actor = spawn_engine_actor(
+        "engine_old", "sglang", "/models/qwen3-4b", num_gpus=1, num_cpus=0,
+        env={"PYTHONPATH": str(tmp_path / "fake")}, log_dir=str(tmp_path), startup_timeout_s=60,
+    )  # fmt: skip
+    try:
+        with pytest.raises(ray.exceptions.RayTaskError) as info:
+            ray.get(actor.start.remote(), timeout=120)
+        assert isinstance(info.value.cause, SGLangVersionError)
+        message = str(info.value.cause)
+        assert "SGLang 0.4.9 is installed" in message and "\n" not in message
+        assert not list(tmp_path.glob("engine_old-*.log"))  # no server was started
     finally:
         ray.kill(actor)
