@@ -218,7 +218,6 @@ def test_malformed_text_raises() -> None:
 
 # Copied from the shared SGLang contract fixtures so the tests run on a clean checkout (CI has only the repo).
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "sglang"
-SHARED_FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures"
 EXPECTED = json.loads((FIXTURES / "sglang-0.5.23-metrics.expected.json").read_text())
 VARIANTS = ["sglang-0.5.23-metrics.txt", "sglang-0.5.23-metrics-priority.txt"]
 GAUGE_NAMES = (
@@ -290,12 +289,6 @@ def test_histograms_split_by_priority_are_summed() -> None:
         + text_histogram("sglang:time_to_first_token_seconds", {"1.0": 3, "+Inf": 3}, 'priority="1"').split("\n", 1)[1]
     )
     assert parse_engine_metrics(text).ttft == Histogram((1.0, INF), (4, 5), 2.0)
-
-
-@pytest.mark.skipif(not SHARED_FIXTURES.is_dir(), reason="the shared SGLang fixtures exist only in the workspace")
-def test_fixture_copies_match_the_shared_fixtures() -> None:
-    for name in [*VARIANTS, "sglang-0.5.23-metrics.expected.json"]:
-        assert (FIXTURES / name).read_bytes() == (SHARED_FIXTURES / name).read_bytes(), name
 
 
 # -- cluster frames --------------------------------------------------------------------------------------
