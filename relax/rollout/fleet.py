@@ -108,8 +108,8 @@ class EngineFleet:
         self._slots: dict[str, EngineSlot] = {}
         self._clients: dict[str, EngineHTTP] = {}
         self._sync_locks: dict[str, asyncio.Lock] = {}
-        self._syncing: set[str] = set()  # engines loading weights now (not health-probed meanwhile)
-        self._sync_idle: dict[str, asyncio.Event] = {}  # set while the engine is not loading weights
+        # per engine, set while it is not loading weights (a cleared one is paused or loading: not health-probed)
+        self._sync_idle: dict[str, asyncio.Event] = {}
         self.last_syncs: dict[str, dict[str, Any]] = {}  # per engine: its last weight load's timings
         self._drain_events: dict[str, asyncio.Event] = {}
         self._cancelled: set[str] = set()
@@ -284,8 +284,7 @@ class EngineFleet:
                 record = self.pool.get(engine_id)
                 if latest is None or (record.weight_version or 0) >= latest.version:
                     return
-                self._syncing.add(engine_id)  # paused or loading: its health probe would fail, by design
-                idle = self._sync_idle.setdefault(engine_id, asyncio.Event())
+                idle = self._sync_idle.setdefault(engine_id, asyncio.Event())  # health probes would fail now
                 idle.clear()
                 began = time.monotonic()
                 try:
@@ -296,11 +295,14 @@ class EngineFleet:
                                                                    list(latest.bucket_refs),
                                                                    self.settings.weight_sync_pause_mode)
                 finally:
-                    self._syncing.discard(engine_id)
                     idle.set()
                 self.last_syncs[engine_id] = {**(timings or {}), "version": latest.version,
                                               "total_s": time.monotonic() - began}
                 self.pool.set_weight_version(engine_id, latest.version)
+
+    def _syncing(self, engine_id: str) -> bool:
+        idle = self._sync_idle.get(engine_id)
+        return idle is not None and not idle.is_set()
 
     async def wait_not_syncing(self, engine_id: str) -> None:
         """Hold a request for an engine that is paused for a weight load until it continues.
@@ -309,9 +311,8 @@ class EngineFleet:
         missing capacity; more engines would not help, they pause for each publication too. Held here, the
         wait still shows in the request's latency and the rollout's time, but not as a queue.
         """
-        idle = self._sync_idle.get(engine_id)
-        if idle is not None and not idle.is_set():
-            await idle.wait()
+        if self._syncing(engine_id):
+            await self._sync_idle[engine_id].wait()
 
     async def _sync_external(self, engine_id: str, latest: Any) -> dict[str, Any]:
         """External engines load from a directory this process writes: they must share its filesystem."""
@@ -473,7 +474,7 @@ class EngineFleet:
 
         async def probe(engine_id: str) -> None:
             client = self._clients.get(engine_id)
-            if client is None or engine_id in self._syncing:  # we paused it to load weights: not a failure
+            if client is None or self._syncing(engine_id):  # we paused it to load weights: not a failure
                 failures.pop(engine_id, None)
                 return
             if await self.launcher.is_alive(engine_id, HEALTH_TIMEOUT_S) is False:
