@@ -57,6 +57,13 @@ class WeightSyncPauseMode(str, Enum):
     NONE = "none"  # load unpaused: SGLang then waits for every in-flight request and blocks new ones
 
 
+class WeightSync(str, Enum):
+    """How a new version reaches the engines (docs/architecture.md, "Weights and staleness")."""
+
+    BROADCAST = "broadcast"  # SGLang's distributed update: rank 0 broadcasts buckets over gloo/NCCL, one group each
+    OBJECT_STORE = "object-store"  # buckets through Ray's object store, written to shared memory, loaded from disk
+
+
 class KLLossType(str, Enum):
     """KL estimator between the policy and the reference model (slime names)."""
 
@@ -131,6 +138,8 @@ class TrainArgs:
     engine_host: str = "auto"
     sglang_passthrough: tuple[tuple[str, tuple[str, ...]], ...] = ()
     weight_sync_pause_mode: WeightSyncPauseMode = WeightSyncPauseMode.RETRACT
+    weight_sync: WeightSync = WeightSync.BROADCAST
+    weight_broadcast_timeout: float = 60.0
     # Training
     global_batch_size: int | None = None
     max_tokens_per_gpu: int | None = None
@@ -352,6 +361,14 @@ def _add_rollout_flags(group: argparse._ArgumentGroup) -> None:
                        help="how each engine pauses around a weight load: retract (default: in-flight requests "
                             "re-encode on the new weights), in_place, abort, or none (SGLang then waits for "
                             "every in-flight request before loading)")
+    group.add_argument("--weight-sync", type=argtypes.enum_type(WeightSync), default=WeightSync.BROADCAST,
+                       metavar=argtypes.choices_metavar(WeightSync),
+                       help="how new weights reach the engines: broadcast (default: SGLang's distributed update "
+                            "from trainer rank 0, gloo on CPU, NCCL on GPU) or object-store (Ray's object store and "
+                            "a load from shared memory; for engines that cannot reach the trainer)")
+    group.add_argument("--weight-broadcast-timeout", type=argtypes.positive_float, default=60.0, metavar="S",
+                       help="deadline of one broadcast step (a group join, one bucket); an engine that misses it "
+                            "is failed and replaced (default 60)")
 
 
 def _add_training_flags(group: argparse._ArgumentGroup) -> None:

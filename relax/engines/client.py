@@ -41,6 +41,11 @@ SGLANG_ROUTES_USED: tuple[str, ...] = (
     "/continue_generation",
     "/abort_request",
     "/update_weights_from_disk",
+    "/init_weights_update_group",
+    "/begin_weight_update",
+    "/update_weights_from_distributed",
+    "/end_weight_update",
+    "/destroy_weights_update_group",
     "/server_info",
     "/model_info",
 )
@@ -368,6 +373,55 @@ class EngineClient:
                 server_message=None if message is None else str(message),
             )
         return result
+
+    # -- broadcast weight updates (SGLang's distributed protocol) -----------------------------------
+
+    def _check_success(self, result: Any, endpoint: str, what: str) -> dict[str, Any]:
+        if not isinstance(result, dict) or not result.get("success", False):
+            message = result.get("message") if isinstance(result, dict) else repr(result)
+            raise EngineError(f"{self.base_url}{endpoint} {what}: {message}", url=self.base_url, endpoint=endpoint,
+                              status_code=200, server_message=None if message is None else str(message))
+        return result
+
+    async def init_weights_update_group(
+        self, master_address: str, master_port: int, rank_offset: int, world_size: int, *,
+        group_name: str = "weight_update_group", backend: str = "nccl", timeout: float | None = _UNSET,
+    ) -> dict[str, Any]:
+        """``POST /init_weights_update_group``: returns once the engine's ranks joined (the trainer must join too)."""
+        endpoint = "/init_weights_update_group"
+        body = {"master_address": master_address, "master_port": int(master_port), "rank_offset": int(rank_offset),
+                "world_size": int(world_size), "group_name": group_name, "backend": backend}
+        return self._check_success(await self._post_json(endpoint, body, timeout=timeout), endpoint,
+                                   f"did not join weight group {group_name!r}")
+
+    async def begin_weight_update(self) -> dict[str, Any]:
+        """``POST /begin_weight_update``: open the session every distributed update must run in."""
+        return await self._post_json("/begin_weight_update", {})
+
+    async def end_weight_update(self) -> dict[str, Any]:
+        """``POST /end_weight_update``."""
+        return await self._post_json("/end_weight_update", {})
+
+    async def update_weights_from_distributed(
+        self, names: list[str], dtypes: list[str], shapes: list[list[int]], *,
+        group_name: str = "weight_update_group", weight_version: int | str | None = None,
+        load_format: str | None = None, flush_cache: bool = True, timeout: float | None = _UNSET,
+    ) -> dict[str, Any]:
+        """``POST /update_weights_from_distributed``: returns after the broadcast (from rank 0) and the load."""
+        endpoint = "/update_weights_from_distributed"
+        body: dict[str, Any] = {"names": names, "dtypes": dtypes, "shapes": shapes, "group_name": group_name,
+                                "flush_cache": flush_cache}
+        if weight_version is not None:
+            body["weight_version"] = str(weight_version)
+        if load_format is not None:
+            body["load_format"] = load_format
+        return self._check_success(await self._post_json(endpoint, body, timeout=timeout), endpoint,
+                                   f"did not load a bucket of {len(names)} tensors")
+
+    async def destroy_weights_update_group(self, group_name: str = "weight_update_group", *,
+                                           timeout: float | None = _UNSET) -> dict[str, Any]:
+        """``POST /destroy_weights_update_group``."""
+        return await self._post_json("/destroy_weights_update_group", {"group_name": group_name}, timeout=timeout)
 
     # -- identity ---------------------------------------------------------------------------------
 

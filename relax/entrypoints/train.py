@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from relax.autoscaler.config import load_autoscaler_config
-from relax.config.flags import ConfigError, TrainArgs, fail, parse_args_or_exit
+from relax.config.flags import ConfigError, TrainArgs, WeightSync, fail, parse_args_or_exit
 from relax.config.plan import Plan, build_plan, format_plan, validate_paths, validate_plan_against_cluster
 from relax.engines.sglang import api_key_from_env
 from relax.logs import setup_logging
@@ -147,8 +147,19 @@ class Driver:
             sglang_mem_fraction_static=a.sglang_mem_fraction_static,
             sglang_extra_args=tuple(a.sglang_extra_args),
             weight_sync_pause_mode=a.weight_sync_pause_mode.value,
+            weight_broadcast_timeout_s=a.weight_broadcast_timeout,
+            weight_broadcast_backend=self._broadcast_backend(),
             engine_api_key=api_key_from_env(),
         )
+
+    def _broadcast_backend(self) -> str:
+        """NCCL when the trainer computes on CUDA (engines then sit on GPUs too), else gloo.
+
+        Decided by the driver's view of the machine: a local run's logical GPUs are not CUDA devices.
+        """
+        import torch
+
+        return "nccl" if torch.cuda.is_available() and self.plan.trainer_bundles[0].gpu > 0 else "gloo"
 
     def _start(self) -> int:
         import ray
@@ -217,8 +228,14 @@ class Driver:
         from relax.training.weights import WeightManifest, make_buckets
 
         began = time.monotonic()
+        dtype = self._publish_dtype()
+        if self.args.weight_sync is WeightSync.BROADCAST:  # the bytes stay in rank 0; engines receive them from it
+            manifest = self.trainer.hold_weights(version, dtype=None if dtype is None else str(dtype).removeprefix(
+                "torch."), backend=self._broadcast_backend())
+            self.manager.publish_weights.remote(version, [], manifest, self.trainer.sender)
+            return time.monotonic() - began
         state = self.trainer.full_state_dict()
-        buckets = make_buckets(state, dtype=self._publish_dtype())
+        buckets = make_buckets(state, dtype=dtype)
         refs = [ray.put(b) for b in buckets]
         manifest = WeightManifest.from_buckets(version, buckets)
         self.manager.publish_weights.remote(version, refs, manifest)

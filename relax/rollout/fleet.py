@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from relax.engines.client import EngineClient, EngineError
+from relax.rollout.broadcast import BroadcastSettings, EngineGroup, close_group, open_group, send_version
 from relax.rollout.events import EventKind, EventLog
 from relax.rollout.launcher import EngineLauncher, EngineSlot
 from relax.rollout.pool import EngineKind, EnginePool, EngineState
@@ -64,6 +65,19 @@ class EngineHTTP(Protocol):
 
     async def aclose(self) -> None: ...
 
+    # broadcast weight updates (rollout.broadcast)
+    async def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int,
+                                        world_size: int, **kwargs: Any) -> Any: ...
+
+    async def begin_weight_update(self) -> Any: ...
+
+    async def update_weights_from_distributed(self, names: list[str], dtypes: list[str], shapes: list[list[int]],
+                                              **kwargs: Any) -> Any: ...
+
+    async def end_weight_update(self) -> Any: ...
+
+    async def destroy_weights_update_group(self, group_name: str = ..., **kwargs: Any) -> Any: ...
+
 
 @dataclass(frozen=True)
 class FleetSettings:
@@ -79,6 +93,8 @@ class FleetSettings:
     weight_sync_pause_mode: str = "retract"
     #: Bearer token of the engines (SGLang's --api-key), sent on every call; never logged.
     engine_api_key: str | None = field(default=None, repr=False)
+    #: Group backend and deadlines of broadcast weight updates (versions published with a sender).
+    broadcast: BroadcastSettings = field(default_factory=BroadcastSettings)
 
 
 class EngineFleet:
@@ -108,6 +124,7 @@ class EngineFleet:
         self._slots: dict[str, EngineSlot] = {}
         self._clients: dict[str, EngineHTTP] = {}
         self._sync_locks: dict[str, asyncio.Lock] = {}
+        self._groups: dict[str, EngineGroup] = {}  # per engine: its weight group with the trainer's rank 0
         # per engine, set while it is not loading weights (a cleared one is paused or loading: not health-probed)
         self._sync_idle: dict[str, asyncio.Event] = {}
         self.last_syncs: dict[str, dict[str, Any]] = {}  # per engine: its last weight load's timings
@@ -161,8 +178,11 @@ class EngineFleet:
                 assert slot is not None
                 self._slots[engine_id] = slot
                 self.pool.transition(engine_id, EngineState.STARTING)
-                latest = self.weights.latest()  # start from the newest version, not the base checkpoint
-                initial = (latest.version, list(latest.bucket_refs)) if latest is not None else None
+                # Start from the newest version, not the base checkpoint. A broadcast version has no object-store
+                # copy: the engine starts from the checkpoint and receives the newest before it is ACTIVE.
+                latest = self.weights.latest()
+                initial = ((latest.version, list(latest.bucket_refs))
+                           if latest is not None and not latest.broadcast else None)
                 info = await self.launcher.start(engine_id, slot, initial)
                 url = str(info["url"])
                 started_version = int(info.get("weight_version") or 0)
@@ -288,7 +308,9 @@ class EngineFleet:
                 idle.clear()
                 began = time.monotonic()
                 try:
-                    if record.kind is EngineKind.EXTERNAL:
+                    if latest.broadcast:
+                        timings = await self._sync_broadcast(engine_id, latest)
+                    elif record.kind is EngineKind.EXTERNAL:
                         timings = await self._sync_external(engine_id, latest)
                     else:
                         timings = await self.launcher.sync_weights(engine_id, latest.version,
@@ -313,6 +335,25 @@ class EngineFleet:
         """
         if self._syncing(engine_id):
             await self._sync_idle[engine_id].wait()
+
+    async def _sync_broadcast(self, engine_id: str, latest: Any) -> dict[str, Any]:
+        """SGLang's distributed update from the trainer's rank 0 (``rollout.broadcast``); opens the group once."""
+        client = self._clients[engine_id]
+        settings = self.settings.broadcast
+        group = self._groups.get(engine_id)
+        if group is not None and group.source is not latest.sender:  # a new sender (a restarted trainer)
+            await close_group(self._groups.pop(engine_id), client)
+            group = None
+        if group is None:
+            group = await open_group(engine_id, client, latest.sender, settings)
+            self._groups[engine_id] = group
+        try:
+            return await send_version(engine_id, client, group, latest.version, latest.manifest,
+                                      self.settings.weight_sync_pause_mode, settings.timeout_s)
+        except BaseException:
+            self._groups.pop(engine_id, None)
+            await close_group(group, None)  # the trainer's side; the engine is failed by the caller
+            raise
 
     async def _sync_external(self, engine_id: str, latest: Any) -> dict[str, Any]:
         """External engines load from a directory this process writes: they must share its filesystem."""
@@ -400,7 +441,10 @@ class EngineFleet:
             event.set()
 
     async def _release(self, engine_id: str, *, grace_s: float) -> None:
-        """Stop the server, close the client, give back an owned placement group."""
+        """Leave the weight group, stop the server, close the client, give back an owned placement group."""
+        group = self._groups.pop(engine_id, None)
+        if group is not None:
+            await close_group(group, self._clients.get(engine_id))
         await self.launcher.stop(engine_id, grace_s)
         client = self._clients.pop(engine_id, None)
         if client is not None:

@@ -30,6 +30,7 @@ from relax.data.staleness import StalenessGate
 from relax.engines.launcher import BuiltinOptions
 from relax.engines.sglang import SGLangOptions
 from relax.logs import setup_logging
+from relax.rollout.broadcast import BroadcastSettings, RayWeightSource
 from relax.rollout.control import RolloutControl
 from relax.rollout.events import EventKind, EventLog, transition_recorder
 from relax.rollout.executor import ScaleExecutor, ScalingSettings
@@ -88,6 +89,9 @@ class ManagerConfig:
     scale_in_shutdown_timeout_s: float = 30.0
     health_timeout_s: float = 120.0
     weight_sync_pause_mode: str = "retract"  # relax.engines.actor.PAUSE_MODES
+    # Broadcast weight updates (versions published with a sender): group backend and per-step deadline
+    weight_broadcast_backend: str = "gloo"
+    weight_broadcast_timeout_s: float = 60.0
     # SGLang's --api-key (from RELAX_SGLANG_API_KEY): passed to every SGLang server and sent on every engine call
     engine_api_key: str | None = field(default=None, repr=False)
     engine_host: str = "auto"
@@ -145,7 +149,11 @@ class RolloutManager:
                           drain_timeout_s=config.scale_in_drain_timeout_s,
                           shutdown_timeout_s=config.scale_in_shutdown_timeout_s,
                           weight_sync_pause_mode=config.weight_sync_pause_mode,
-                          engine_api_key=config.engine_api_key),
+                          engine_api_key=config.engine_api_key,
+                          broadcast=BroadcastSettings(
+                              backend=config.weight_broadcast_backend, timeout_s=config.weight_broadcast_timeout_s,
+                              ranks_per_engine=config.gpus_per_engine if resolve_backend(config.backend) == "sglang"
+                              else 1)),
             on_change=self._state_changed.set,
         )
         self.executor = ScaleExecutor(
@@ -163,6 +171,7 @@ class RolloutManager:
         self._tokens_generated = 0
         self._prompt_ids_cache: dict[int, list[int]] = {}
         self._training: dict[str, Any] = {}
+        self._weight_source: tuple[Any, RayWeightSource] | None = None  # (trainer rank 0 handle, its source)
 
     def _launcher(self) -> RayEngineLauncher:
         """Engine processes as Ray actors; SIGTERM on one of them reaches :meth:`notify_eviction`."""
@@ -198,14 +207,21 @@ class RolloutManager:
         await self.fleet.notify_eviction(engine_id)
 
     # ------------------------------------------------------------------ weights
-    async def publish_weights(self, version: int, bucket_refs: list[Any], manifest: WeightManifest) -> None:
+    async def publish_weights(self, version: int, bucket_refs: list[Any], manifest: WeightManifest,
+                              sender: Any = None) -> None:
         """Record version `version` and apply it to every ACTIVE engine in the background.
 
-        Returns at once: the trainer must not wait for engines to load; the staleness gate is what holds
-        rollout back until the engines hold recent enough weights (docs/architecture.md, "Weights and
-        staleness").
+        ``sender`` (the trainer's rank 0 actor) means the bytes are held there for broadcast and
+        ``bucket_refs`` is empty; otherwise the buckets are in the object store. Returns at once: the
+        trainer must not wait for engines to load; the staleness gate is what holds rollout back until the
+        engines hold recent enough weights (docs/architecture.md, "Weights and staleness").
         """
-        self.weights.publish(version, list(bucket_refs), manifest)
+        source = None
+        if sender is not None:
+            if self._weight_source is None or self._weight_source[0] != sender:
+                self._weight_source = (sender, RayWeightSource(sender))
+            source = self._weight_source[1]
+        self.weights.publish(version, list(bucket_refs), manifest, sender=source)
         self.event_log.append(EventKind.WEIGHTS_PUBLISHED, message=f"v{version}")
         self.fleet.publish()
 

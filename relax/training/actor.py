@@ -50,6 +50,7 @@ from relax.training.batching import (
     num_micro_batches,
     split_evenly,
 )
+from relax.training.flat_bucket import dtype_from_name
 from relax.training.grpo import (
     LossAggregation,
     PolicyLossConfig,
@@ -64,6 +65,8 @@ from relax.training.precision import (
     precision_fallback_warning,
     resolve_precision,
 )
+from relax.training.sender import WeightSender
+from relax.training.weights import WeightManifest
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed.fsdp import MixedPrecisionPolicy
@@ -351,6 +354,7 @@ class TrainerActor:
         self.pad_token_id = 0
         self.step = 0  # optimizer steps taken (restored by load_checkpoint)
         self._hf_keys: list[str] = []
+        self.sender: WeightSender | None = None  # rank 0, once it holds weights for broadcast
 
     # ---- placement helpers (not collective)
 
@@ -466,6 +470,8 @@ class TrainerActor:
     def shutdown(self) -> None:
         import torch.distributed as dist
 
+        if self.sender is not None:
+            self.sender.shutdown()
         if dist.is_initialized():
             dist.destroy_process_group()
         logger.info("trainer rank %d/%d: shut down", self.rank, self.world_size)
@@ -646,6 +652,43 @@ class TrainerActor:
         logger.info("trainer rank %d/%d: gathered %d tensors (%.1f MiB) in %.3fs", self.rank, self.world_size,
                     len(out), sum(t.numel() * 4 for t in out.values()) / 2**20, time.perf_counter() - t0)
         return out
+
+    # ---- broadcast weight updates (relax.training.sender; the manager drives them)
+
+    def hold_weights(self, version: int, dtype: str | None = None, backend: str = "gloo") -> WeightManifest | None:
+        """Gather the full weights (collective) and keep them on rank 0 for broadcast as ``version``.
+
+        Returns the manifest (rank 0; others None): the bytes stay here, only their description travels.
+        """
+        state = self.full_state_dict()
+        if self.rank != 0:
+            return None
+        assert state is not None
+        if self.sender is None:
+            from relax.cluster.network import node_ip
+
+            device = self.device if backend == "nccl" else torch.device("cpu")
+            self.sender = WeightSender(node_ip(), device=device)
+        return self.sender.hold(version, state, dtype=dtype_from_name(dtype) if dtype else None)
+
+    def _sender(self) -> WeightSender:
+        if self.sender is None:
+            raise RuntimeError(f"trainer rank {self.rank} holds no weights for broadcast (only rank 0 sends, "
+                               "after hold_weights)")
+        return self.sender
+
+    # These run in the actor's "weights" concurrency group: never behind a training step.
+    def weights_open(self, name: str, world_size: int, backend: str, timeout_s: float) -> dict[str, Any]:
+        return self._sender().open(name, world_size, backend, timeout_s)
+
+    def weights_wait_open(self, name: str, timeout_s: float) -> None:
+        self._sender().wait_open(name, timeout_s)
+
+    def weights_broadcast(self, name: str, version: int, index: int) -> int:
+        return self._sender().broadcast(name, version, index)
+
+    def weights_close(self, name: str) -> bool:
+        return self.sender.close(name) if self.sender is not None else False
 
     def _rank0_outcome(self, error: str | None) -> None:
         """Share rank 0's success or error with every rank, so no rank waits on a failed rank 0."""

@@ -25,6 +25,7 @@ from typing import Any
 from relax.training.actor import SUM_METRICS, TrainerActor, TrainerConfig
 from relax.training.batching import check_samples, loss_denominator, num_micro_batches, split_evenly
 from relax.training.grpo import LossAggregation
+from relax.training.sender import WEIGHTS_CONCURRENCY_GROUP
 
 __all__ = ["TrainerGroup", "TrainerRankError", "TrainerTimeoutError", "reduce_rank_metrics"]
 
@@ -114,7 +115,8 @@ class TrainerGroup:
         indices = list(range(len(specs))) if bundle_indices is None else list(bundle_indices)
         if not indices:
             raise ValueError("a trainer group needs at least one bundle")
-        remote_cls = ray.remote(TrainerActor)
+        # "weights": rank 0's broadcast sends (relax.training.sender) run on threads of their own, beside a step.
+        remote_cls = ray.remote(concurrency_groups={WEIGHTS_CONCURRENCY_GROUP: 16})(TrainerActor)
         self._actors: list[Any] = []
         t0 = time.perf_counter()
         try:
@@ -231,6 +233,24 @@ class TrainerGroup:
         state = self._call_all("full_state_dict")[0]
         logger.info("trainer group: full state dict (%d tensors) in %.3fs", len(state), time.perf_counter() - t0)
         return state
+
+    def hold_weights(self, version: int, *, dtype: str | None = None, backend: str = "gloo") -> Any:
+        """Gather the full weights and keep them on rank 0 for broadcast as ``version``; returns the manifest.
+
+        The bytes stay in rank 0 (``sender``); the rollout manager asks it for each bucket per engine.
+        """
+        t0 = time.perf_counter()
+        manifest = self._call_all("hold_weights", version, dtype, backend)[0]
+        logger.info("trainer group: v%d held for broadcast (%d tensors, %.1f MiB) in %.3fs", version,
+                    manifest.num_tensors, manifest.total_bytes / 2**20, time.perf_counter() - t0)
+        return manifest
+
+    @property
+    def sender(self) -> Any:
+        """Rank 0's actor handle: the sender of broadcast weight updates."""
+        if not self._actors:
+            raise RuntimeError("the trainer group has been shut down")
+        return self._actors[0]
 
     def save(self, path: str | Path, extra: dict | None = None) -> Path:
         """Checkpoint to ``path`` (HF weights + optimizer + ``extra`` JSON); see ``relax.training.checkpoint``."""

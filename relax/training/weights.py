@@ -188,12 +188,21 @@ class WeightManifest:
 
 @dataclass(frozen=True)
 class PublishedWeights:
-    """One version as the registry holds it: object refs of its buckets and its manifest."""
+    """One version as the registry holds it: object refs of its buckets and its manifest.
+
+    A version published for broadcast has no refs: its bytes stay in the trainer's rank 0, and ``sender``
+    is the handle engines receive them through (``relax.training.sender``).
+    """
 
     version: int
     bucket_refs: tuple[Any, ...]
     manifest: WeightManifest
     published_at: float = field(compare=False)
+    sender: Any = field(default=None, compare=False)
+
+    @property
+    def broadcast(self) -> bool:
+        return self.sender is not None
 
 
 class WeightRegistry:
@@ -214,21 +223,23 @@ class WeightRegistry:
         self._versions: dict[int, PublishedWeights] = {}
         self._lock = threading.Lock()
 
-    def publish(self, version: int, bucket_refs: Sequence[Any], manifest: WeightManifest) -> PublishedWeights:
+    def publish(self, version: int, bucket_refs: Sequence[Any], manifest: WeightManifest, *,
+                sender: Any = None) -> PublishedWeights:
         if manifest.version != version:
             raise ValueError(f"manifest is for version {manifest.version}, published as {version}")
-        if manifest.bucket_sizes and len(manifest.bucket_sizes) != len(bucket_refs):
+        if sender is None and manifest.bucket_sizes and len(manifest.bucket_sizes) != len(bucket_refs):
             raise ValueError(f"{len(bucket_refs)} bucket refs for a manifest of {len(manifest.bucket_sizes)} buckets")
         with self._lock:
             latest = max(self._versions, default=None)
             if latest is not None and version <= latest:
                 raise ValueError(f"weight versions must strictly increase: got {version} after {latest}")
-            entry = PublishedWeights(version, tuple(bucket_refs), manifest, self._clock())
+            entry = PublishedWeights(version, tuple(bucket_refs), manifest, self._clock(), sender)
             self._versions[version] = entry
             for old in sorted(self._versions)[: -self._keep]:
                 del self._versions[old]
-        logger.info("weights: published version %d (%d tensors, %d buckets, %.1f MiB)", version,
-                    manifest.num_tensors, len(bucket_refs), manifest.total_bytes / 2**20)
+        logger.info("weights: published version %d (%d tensors, %d buckets, %.1f MiB, %s)", version,
+                    manifest.num_tensors, len(manifest.bucket_sizes) or len(bucket_refs),
+                    manifest.total_bytes / 2**20, "broadcast" if sender is not None else "object store")
         return entry
 
     def latest(self) -> PublishedWeights | None:

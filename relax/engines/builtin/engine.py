@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from enum import Enum
@@ -208,12 +208,21 @@ class Engine:
         """Swap weights between two steps; in-flight requests continue on the new weights."""
         with self._turn():
             self.runner.load_weights_from(new_model)
-            if weight_version is not None and weight_version != self.weight_version:
-                for req in [*self._running, *self._waiting]:  # what the old weights produced so far
-                    if req.output_ids:
-                        req.version_changes.append(VersionChange(self.weight_version, len(req.output_ids)))
-                self.weight_version = weight_version
+            self._set_version_locked(weight_version)
             log.info("weights loaded, weight_version=%s, in_flight=%d", self.weight_version, len(self._running))
+
+    def update_tensors(self, named: Mapping[str, torch.Tensor], weight_version: str | None) -> None:
+        """Copy some tensors in place between two steps (a bucket of a broadcast update); see load_weights."""
+        with self._turn():
+            self.runner.copy_tensors(named)
+            self._set_version_locked(weight_version)
+
+    def _set_version_locked(self, weight_version: str | None) -> None:
+        if weight_version is not None and weight_version != self.weight_version:
+            for req in [*self._running, *self._waiting]:  # what the old weights produced so far
+                if req.output_ids:
+                    req.version_changes.append(VersionChange(self.weight_version, len(req.output_ids)))
+            self.weight_version = weight_version
 
     # ------------------------------------------------------------------ observation
     def snapshot(self) -> LoadSnapshot:

@@ -11,6 +11,7 @@ continuous batching beats a static batch. Only weight changes and retracts re-en
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -133,6 +134,25 @@ class ModelRunner:
         if problem:
             raise ValueError(problem)
         self.model.load_state_dict(new_model.state_dict(), strict=True)
+        self.invalidate()
+
+    @torch.inference_mode()
+    def copy_tensors(self, named: Mapping[str, torch.Tensor]) -> None:
+        """Copy some named tensors into the served model in place (one bucket of a broadcast update).
+
+        Every name and shape is checked before anything is copied, so a bad bucket leaves the model as it
+        was. Names are the checkpoint's (a tied ``lm_head`` shares the embedding's storage and follows it).
+        """
+        current = self.model.state_dict()
+        for name, tensor in named.items():
+            target = current.get(name)
+            if target is None:
+                raise ValueError(f"tensor {name!r} is not a weight of the served model")
+            if target.shape != tensor.shape:
+                raise ValueError(f"tensor {name} has shape {tuple(tensor.shape)}, the served model has "
+                                 f"{tuple(target.shape)}")
+        for name, tensor in named.items():
+            current[name].copy_(tensor)
         self.invalidate()
 
 

@@ -8,7 +8,7 @@ SGLang clients commonly send (`stream`, `lora_path`, ...) are tolerated and igno
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
 
@@ -155,3 +155,63 @@ class UpdateWeightsBody(BaseModel):
         if v not in (None, "auto", "safetensors"):
             raise ValueError(f"load_format {v!r} is not supported by the built-in engine (auto, safetensors)")
         return v
+
+
+# ------------------------------------------------------------------ broadcast weight updates (SGLang's io_struct)
+
+
+class InitWeightsUpdateGroupBody(BaseModel):
+    """``/init_weights_update_group``: join a process group with the trainer (rank ``rank_offset``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    master_address: str = Field(min_length=1)
+    master_port: StrictInt = Field(ge=1, le=65535)
+    rank_offset: StrictInt = Field(ge=1)
+    world_size: StrictInt = Field(ge=2)
+    group_name: str = Field("weight_update_group", min_length=1)
+    backend: Literal["gloo", "nccl"] = "nccl"
+
+    @model_validator(mode="after")
+    def _rank_inside(self) -> InitWeightsUpdateGroupBody:
+        if self.rank_offset >= self.world_size:
+            raise ValueError(f"rank_offset {self.rank_offset} is outside a group of world_size {self.world_size}")
+        return self
+
+
+class UpdateWeightsFromDistributedBody(BaseModel):
+    """``/update_weights_from_distributed``: receive the named tensors by broadcast from rank 0 and load them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    names: list[str] = Field(min_length=1)
+    dtypes: list[str]
+    shapes: list[list[StrictInt]]
+    group_name: str = Field("weight_update_group", min_length=1)
+    flush_cache: StrictBool = True
+    abort_all_requests: StrictBool = False
+    weight_version: str | int | None = None
+    load_format: Literal["flattened_bucket"] | None = None
+
+    @model_validator(mode="after")
+    def _same_lengths(self) -> UpdateWeightsFromDistributedBody:
+        if not len(self.names) == len(self.dtypes) == len(self.shapes):
+            raise ValueError(f"names ({len(self.names)}), dtypes ({len(self.dtypes)}) and shapes ({len(self.shapes)}) "
+                             "must have the same length")
+        return self
+
+
+class WeightsGroupBody(BaseModel):
+    """``/destroy_weights_update_group``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    group_name: str = Field("weight_update_group", min_length=1)
+
+
+class WeightUpdateSessionBody(BaseModel):
+    """``/begin_weight_update`` and ``/end_weight_update`` (body ``{}``; ``selector`` accepted, unused)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    selector: Any = None

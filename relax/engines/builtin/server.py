@@ -26,10 +26,20 @@ from relax import __version__
 from relax.engines.builtin.engine import DuplicateRequestId, Engine, PauseMode
 from relax.engines.builtin.metrics import EngineMetrics
 from relax.engines.builtin.model_runner import ModelRunner, load_model, resolve_device
-from relax.engines.builtin.protocol import AbortBody, GenerateBody, PauseBody, UpdateWeightsBody
+from relax.engines.builtin.protocol import (
+    AbortBody,
+    GenerateBody,
+    InitWeightsUpdateGroupBody,
+    PauseBody,
+    UpdateWeightsBody,
+    UpdateWeightsFromDistributedBody,
+    WeightsGroupBody,
+    WeightUpdateSessionBody,
+)
 from relax.engines.builtin.rwlock import WriterPreferringLock
 from relax.engines.builtin.scheduler import Capacity
 from relax.engines.builtin.scheduler import Request as EngineRequest
+from relax.engines.builtin.weight_updates import DistributedUpdates, WeightUpdateError
 
 log = logging.getLogger("relax.engine")
 
@@ -115,6 +125,7 @@ class BuiltinServer:
         # (waits for in-flight generations, blocks new ones), exactly as SGLang's tokenizer manager does.
         self.update_lock = WriterPreferringLock()
         self.weight_loads = 0  # successful /update_weights_from_disk calls since start (server_info)
+        self.distributed = DistributedUpdates(self.engine, self.update_lock, self.device)
 
     def _eos_ids(self, model: torch.nn.Module) -> frozenset[int]:
         ids: set[int] = set()
@@ -242,6 +253,8 @@ class BuiltinServer:
                 "max_total_num_tokens": self.args.max_total_tokens, "device": str(self.device),
                 "paused": self.engine.paused, "uptime_s": time.time() - self._started_at,
                 "weight_loads": self.weight_loads,
+                "weight_update_groups": sorted(self.distributed.groups),
+                "distributed_buckets_loaded": self.distributed.buckets_loaded,
                 "stats": asdict(self.engine.stats())}
         return info
 
@@ -264,9 +277,14 @@ def create_app(server: BuiltinServer) -> FastAPI:
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
         return _error(exc.status, exc.message)
 
+    @app.exception_handler(WeightUpdateError)
+    async def _weight_update_error(_: Request, exc: WeightUpdateError) -> JSONResponse:
+        return JSONResponse({"success": False, "message": str(exc)}, status_code=400)  # SGLang's shape
+
     @app.on_event("shutdown")
     async def _shutdown() -> None:
         await asyncio.to_thread(engine.stop)
+        server.distributed.close()
 
     @app.post("/generate")
     async def generate(body: GenerateBody) -> Any:
@@ -330,6 +348,26 @@ def create_app(server: BuiltinServer) -> FastAPI:
     @app.post("/update_weights_from_disk")
     async def update_weights_from_disk(body: UpdateWeightsBody) -> dict[str, Any]:
         return await server.update_weights(body)
+
+    @app.post("/init_weights_update_group")
+    async def init_weights_update_group(body: InitWeightsUpdateGroupBody) -> dict[str, Any]:
+        return await server.distributed.init_group(body)
+
+    @app.post("/begin_weight_update")
+    async def begin_weight_update(body: WeightUpdateSessionBody | None = None) -> dict[str, Any]:
+        return server.distributed.begin()
+
+    @app.post("/update_weights_from_distributed")
+    async def update_weights_from_distributed(body: UpdateWeightsFromDistributedBody) -> dict[str, Any]:
+        return await server.distributed.update(body)
+
+    @app.post("/end_weight_update")
+    async def end_weight_update(body: WeightUpdateSessionBody | None = None) -> dict[str, Any]:
+        return server.distributed.end()
+
+    @app.post("/destroy_weights_update_group")
+    async def destroy_weights_update_group(body: WeightsGroupBody | None = None) -> dict[str, Any]:
+        return server.distributed.destroy_group((body or WeightsGroupBody()).group_name)
 
     @app.get("/server_info")
     @app.get("/get_server_info")  # SGLang keeps this alias (deprecated, a warning per call)

@@ -1,0 +1,198 @@
+"""Broadcast weight updates, driven from the rollout manager: one group per engine, one collective per bucket.
+
+The sequence for one engine and one version (SGLang 0.5.23's distributed protocol, docs/architecture.md,
+"Weights and staleness"):
+
+1. once per engine: the trainer's rank 0 hosts a rendezvous (``WeightSource.open``); the engine joins with
+   ``/init_weights_update_group`` (rank 1 of 1 + its TP ranks) while rank 0 joins the same group;
+2. per version: ``/pause_generation`` (the configured mode), ``/begin_weight_update``, then per bucket
+   ``/update_weights_from_distributed`` (``flattened_bucket``) *and* rank 0's broadcast of that bucket, at the
+   same time; the last bucket carries ``weight_version``; ``/end_weight_update``, ``/continue_generation``;
+3. when the engine leaves: ``/destroy_weights_update_group`` and rank 0 closes its side.
+
+Every step has a deadline. An engine that dies or stops answering mid-broadcast fails its own update (and
+is then failed by the fleet, never resumed on half-loaded weights); the trainer's side of that group is
+abandoned and times out on its own thread, so neither training nor any other engine waits for it.
+
+The trainer's rank 0 is reached through a :class:`WeightSource`: :class:`RayWeightSource` wraps its actor
+handle (the calls go to the actor's "weights" concurrency group), :class:`ThreadWeightSource` an in-process
+``WeightSender`` (tests, ``relax.testing``). No Ray import here: Ray's object refs are awaitables.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from relax.training.flat_bucket import BucketSpec, specs_from_manifest
+from relax.training.sender import WEIGHTS_CONCURRENCY_GROUP, WeightSender
+from relax.training.weights import WeightManifest
+
+log = logging.getLogger("relax.rollout")
+
+FLATTENED = "flattened_bucket"
+
+
+class WeightSource(Protocol):
+    """The trainer's rank 0 as the broadcast's sender (``relax.training.sender.WeightSender``'s calls)."""
+
+    async def open(self, name: str, world_size: int, backend: str, timeout_s: float) -> dict[str, Any]: ...
+
+    async def wait_open(self, name: str, timeout_s: float) -> None: ...
+
+    async def broadcast(self, name: str, version: int, index: int) -> int: ...
+
+    async def close(self, name: str) -> None: ...
+
+
+class RayWeightSource:
+    """A trainer actor's ``weights_*`` methods, on its "weights" concurrency group."""
+
+    def __init__(self, actor: Any) -> None:
+        self.actor = actor
+
+    def _call(self, method: str, *args: Any) -> Any:
+        return getattr(self.actor, method).options(concurrency_group=WEIGHTS_CONCURRENCY_GROUP).remote(*args)
+
+    async def open(self, name: str, world_size: int, backend: str, timeout_s: float) -> dict[str, Any]:
+        return await self._call("weights_open", name, world_size, backend, timeout_s)
+
+    async def wait_open(self, name: str, timeout_s: float) -> None:
+        await self._call("weights_wait_open", name, timeout_s)
+
+    async def broadcast(self, name: str, version: int, index: int) -> int:
+        return await self._call("weights_broadcast", name, version, index)
+
+    async def close(self, name: str) -> None:
+        await self._call("weights_close", name)
+
+
+class ThreadWeightSource:
+    """An in-process sender, its blocking calls on threads (the same code path as the trainer actor's)."""
+
+    def __init__(self, sender: WeightSender) -> None:
+        self.sender = sender
+
+    async def open(self, name: str, world_size: int, backend: str, timeout_s: float) -> dict[str, Any]:
+        return await asyncio.to_thread(self.sender.open, name, world_size, backend, timeout_s)
+
+    async def wait_open(self, name: str, timeout_s: float) -> None:
+        await asyncio.to_thread(self.sender.wait_open, name, timeout_s)
+
+    async def broadcast(self, name: str, version: int, index: int) -> int:
+        return await asyncio.to_thread(self.sender.broadcast, name, version, index)
+
+    async def close(self, name: str) -> None:
+        await asyncio.to_thread(self.sender.close, name)
+
+
+@dataclass(frozen=True)
+class BroadcastSettings:
+    backend: str = "gloo"
+    timeout_s: float = 60.0  # per step: a join, one bucket
+    ranks_per_engine: int = 1  # the engine's tensor-parallel ranks
+
+
+@dataclass
+class EngineGroup:
+    """One engine's open weight group."""
+
+    name: str
+    source: WeightSource
+    world_size: int
+    backend: str
+
+
+def group_name(engine_id: str) -> str:
+    """Unique per join: a restarted engine never meets a half-closed group of its predecessor."""
+    return f"relax-{engine_id}-{uuid.uuid4().hex[:8]}"
+
+
+async def open_group(engine_id: str, client: Any, source: WeightSource, settings: BroadcastSettings) -> EngineGroup:
+    """Set up the engine's weight group with rank 0; closes what was opened when any side fails."""
+    name = group_name(engine_id)
+    world_size = 1 + settings.ranks_per_engine
+    began = time.monotonic()
+    info = await asyncio.wait_for(source.open(name, world_size, settings.backend, settings.timeout_s),
+                                  settings.timeout_s)
+    try:
+        await asyncio.wait_for(asyncio.gather(
+            client.init_weights_update_group(info["master_address"], info["master_port"], 1, world_size,
+                                             group_name=name, backend=settings.backend, timeout=settings.timeout_s),
+            source.wait_open(name, settings.timeout_s),
+        ), settings.timeout_s + 5.0)
+    except BaseException:
+        await _quietly(source.close(name))
+        raise
+    log.info("%s: weight group %s open (%s, world size %d) in %.2fs", engine_id, name, settings.backend,
+             world_size, time.monotonic() - began)
+    return EngineGroup(name, source, world_size, settings.backend)
+
+
+async def close_group(group: EngineGroup, client: Any | None, timeout_s: float = 5.0) -> None:
+    """Both sides leave (best effort: the engine may be gone already)."""
+    if client is not None:
+        await _quietly(asyncio.wait_for(client.destroy_weights_update_group(group.name, timeout=timeout_s),
+                                        timeout_s))
+    await _quietly(asyncio.wait_for(group.source.close(group.name), timeout_s))
+
+
+async def send_version(engine_id: str, client: Any, group: EngineGroup, version: int, manifest: WeightManifest,
+                       pause_mode: str, timeout_s: float) -> dict[str, Any]:
+    """Pause, receive every bucket of ``version`` by broadcast, continue; returns the phase timings.
+
+    On any failure the engine is left paused and the error raised: the caller fails the engine rather
+    than let it serve a mix of two versions.
+    """
+    specs = specs_from_manifest(manifest.names, manifest.dtypes, manifest.shapes, manifest.bucket_sizes)
+    paused_at = time.monotonic()
+    if pause_mode != "none":
+        await asyncio.wait_for(client.pause_generation(pause_mode), timeout_s)
+    await asyncio.wait_for(client.begin_weight_update(), timeout_s)
+    transfer_began = time.monotonic()
+    sent = 0
+    for index, spec in enumerate(specs):
+        sent += await _one_bucket(client, group, version, index, spec, last=index == len(specs) - 1,
+                                  timeout_s=timeout_s)
+    transfer_s = time.monotonic() - transfer_began
+    await asyncio.wait_for(client.end_weight_update(), timeout_s)
+    if pause_mode != "none":
+        await asyncio.wait_for(client.continue_generation(), timeout_s)
+    paused_s = time.monotonic() - paused_at if pause_mode != "none" else 0.0
+    log.info("%s: weights v%d by broadcast, %d buckets, %.1f MiB in %.2fs (paused %.2fs)", engine_id, version,
+             len(specs), sent / 2**20, transfer_s, paused_s)
+    return {"path": "broadcast", "transfer_s": transfer_s, "paused_s": paused_s, "bytes": sent,
+            "buckets": len(specs)}
+
+
+async def _one_bucket(client: Any, group: EngineGroup, version: int, index: int, spec: BucketSpec, *, last: bool,
+                      timeout_s: float) -> int:
+    send = asyncio.ensure_future(group.source.broadcast(group.name, version, index))
+    receive = asyncio.ensure_future(client.update_weights_from_distributed(
+        **spec.to_body(), group_name=group.name, weight_version=version if last else None, load_format=FLATTENED,
+        flush_cache=last, timeout=timeout_s))
+    try:
+        done, _ = await asyncio.wait({send, receive}, timeout=timeout_s, return_when=asyncio.FIRST_EXCEPTION)
+        for task in done:
+            task.result()  # the first failure (a dead engine, a superseded version) raises here
+        if len(done) < 2:
+            raise TimeoutError(f"bucket {index} of v{version} not through group {group.name} within {timeout_s:g}s")
+        return int(send.result())
+    finally:
+        for task in (send, receive):
+            if not task.done():
+                task.cancel()
+        for task in (send, receive):  # retrieve, so a cancelled or failed side never logs "never retrieved"
+            if task.done() and not task.cancelled():
+                task.exception()
+
+
+async def _quietly(awaitable: Any) -> None:
+    try:
+        await awaitable
+    except Exception as exc:  # noqa: BLE001 - leaving a group that is already broken
+        log.debug("closing a weight group: %s", exc)

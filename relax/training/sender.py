@@ -1,0 +1,162 @@
+"""The trainer side of broadcast weight updates: rank 0 holds the latest versions and sends them.
+
+After a training step every rank gathers the full weights (a collective); rank 0 flattens them into
+buckets (``flat_bucket``) and keeps them here, on the device its groups send from. The rollout manager then
+drives each engine's update: it opens a group with the engine (``open`` + the engine's
+``/init_weights_update_group``), and for every bucket calls ``broadcast`` here at the same time as the
+engine's ``/update_weights_from_distributed``. These calls run on threads of their own in the trainer's
+actor (a Ray concurrency group), so a training step never waits for an engine and an engine never waits for
+a training step; the held buckets are copies, so the next step cannot change a version being sent.
+
+Two versions are held: an engine still receiving version k when k+1 arrives finishes k (the manager then
+brings it to k+1); anything older has been superseded and is refused with a clear error.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from relax.training.flat_bucket import BucketSpec, flatten
+from relax.training.weight_group import WeightGroup, host_store, join_group
+from relax.training.weights import DEFAULT_BUCKET_BYTES, WeightManifest, make_buckets
+
+__all__ = ["WEIGHTS_CONCURRENCY_GROUP", "HeldVersion", "WeightSender"]
+
+log = logging.getLogger(__name__)
+
+#: The trainer actor's Ray concurrency group of the ``weights_*`` methods (calls name it per call).
+WEIGHTS_CONCURRENCY_GROUP = "weights"
+
+
+@dataclass(frozen=True)
+class HeldVersion:
+    version: int
+    specs: tuple[BucketSpec, ...]
+    buffers: tuple[torch.Tensor, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.numel() for b in self.buffers)
+
+
+class WeightSender:
+    """Rank 0's held versions and its open weight groups (one per engine)."""
+
+    def __init__(self, address: str, *, keep: int = 2, device: torch.device | None = None) -> None:
+        self.address = address
+        self.device = device or torch.device("cpu")
+        self._keep = keep
+        self._versions: dict[int, HeldVersion] = {}
+        self._groups: dict[str, WeightGroup] = {}
+        self._pending: dict[str, Future[WeightGroup]] = {}
+        self._lock = threading.Lock()
+        self._joiner = ThreadPoolExecutor(max_workers=4, thread_name_prefix="relax-weight-group")
+
+    # ------------------------------------------------------------------ versions
+    def hold(self, version: int, state: Mapping[str, torch.Tensor], *, dtype: torch.dtype | None = None,
+             bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> WeightManifest:
+        """Keep ``state`` as version ``version`` (flattened copies); returns its manifest in wire order."""
+        t0 = time.perf_counter()
+        buckets = make_buckets(state, bucket_bytes, dtype=dtype)
+        specs, buffers = [], []
+        for bucket in buckets:
+            buffer, spec = flatten(bucket, device=self.device)
+            specs.append(spec)
+            buffers.append(buffer)
+        held = HeldVersion(version, tuple(specs), tuple(buffers))
+        ordered = [{name: bucket[name] for name in spec.names} for bucket, spec in zip(buckets, specs, strict=True)]
+        manifest = WeightManifest.from_buckets(version, ordered)
+        with self._lock:
+            latest = max(self._versions, default=None)
+            if latest is not None and version <= latest:
+                raise ValueError(f"weight versions must strictly increase: got {version} after {latest}")
+            self._versions[version] = held
+            for old in sorted(self._versions)[: -self._keep]:
+                del self._versions[old]
+        log.info("weights v%d held for broadcast: %d buckets, %.1f MiB in %.3fs", version, len(specs),
+                 held.nbytes / 2**20, time.perf_counter() - t0)
+        return manifest
+
+    def held_versions(self) -> list[int]:
+        with self._lock:
+            return sorted(self._versions)
+
+    def _held(self, version: int) -> HeldVersion:
+        with self._lock:
+            held = self._versions.get(version)
+            if held is None:
+                raise KeyError(f"weight version {version} is no longer held for broadcast (held: "
+                               f"{sorted(self._versions)}); the manager moves on to the newest")
+            return held
+
+    # ------------------------------------------------------------------ groups
+    def open(self, name: str, world_size: int, backend: str, timeout_s: float) -> dict[str, Any]:
+        """Host group ``name``'s rendezvous and start joining it; the engine joins with the address returned.
+
+        Returns at once (the join completes when the engine's ranks arrive): ``wait_open`` waits for it.
+        """
+        with self._lock:
+            if name in self._groups or name in self._pending:
+                raise ValueError(f"weight group {name!r} is already open")
+        store, port = host_store(self.address, world_size, timeout_s)
+        future = self._joiner.submit(join_group, name, self.address, port, 0, world_size, backend, timeout_s,
+                                     store=store, device=self.device)
+        with self._lock:
+            self._pending[name] = future
+        return {"master_address": self.address, "master_port": port, "world_size": world_size, "backend": backend}
+
+    def wait_open(self, name: str, timeout_s: float) -> None:
+        with self._lock:
+            future = self._pending.get(name)
+        if future is None:
+            if name in self._groups:
+                return
+            raise KeyError(f"weight group {name!r} was never opened")
+        try:
+            group = future.result(timeout=timeout_s)
+        finally:
+            with self._lock:
+                self._pending.pop(name, None)
+        with self._lock:
+            self._groups[name] = group
+
+    def broadcast(self, name: str, version: int, index: int) -> int:
+        """Send bucket ``index`` of ``version`` to group ``name``; returns the bytes sent."""
+        with self._lock:
+            group = self._groups.get(name)
+        if group is None:
+            raise KeyError(f"weight group {name!r} is not open")
+        held = self._held(version)
+        if not 0 <= index < len(held.buffers):
+            raise IndexError(f"version {version} has {len(held.buffers)} buckets, no bucket {index}")
+        buffer = held.buffers[index]
+        group.broadcast(buffer, src=0)
+        return int(buffer.numel())
+
+    def close(self, name: str) -> bool:
+        """Forget group ``name`` (the engine left or failed); True when it was open."""
+        with self._lock:
+            group = self._groups.pop(name, None)
+            future = self._pending.pop(name, None)
+        if future is not None:
+            future.cancel()
+        if group is not None:
+            group.close()
+        return group is not None or future is not None
+
+    def groups(self) -> list[str]:
+        with self._lock:
+            return sorted(self._groups)
+
+    def shutdown(self) -> None:
+        for name in [*self.groups(), *list(self._pending)]:
+            self.close(name)
+        self._joiner.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,210 @@
+"""Broadcast weight updates against a real built-in engine: SGLang's distributed protocol over gloo.
+
+A trainer-side ``WeightSender`` (the code rank 0 runs) and the rollout side's ``rollout.broadcast`` drive a
+real engine subprocess over loopback HTTP; the engine joins a real gloo group and receives the buckets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+import time
+
+import httpx
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from relax.engines.client import EngineClient, EngineError
+from relax.rollout.broadcast import BroadcastSettings, ThreadWeightSource, close_group, open_group, send_version
+from relax.training.sender import WeightSender
+from relax.training.weight_group import host_store, join_group
+from tests.integration.test_builtin_engine import teacher_forced_logprobs
+
+SETTINGS = BroadcastSettings(backend="gloo", timeout_s=30.0)
+
+
+@pytest.fixture(scope="module")
+def perturbed(tiny_preset, tmp_path_factory):
+    """(directory, HF state dict) of the preset with different weights: what a training step would publish."""
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_preset.model_dir), dtype=torch.float32)
+    gen = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * 0.3)
+    out = tmp_path_factory.mktemp("broadcast-v1")
+    model.save_pretrained(out)
+    return out, load_file(str(out / "model.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(tiny_preset):
+    tok = AutoTokenizer.from_pretrained(str(tiny_preset.model_dir))
+    return tok.encode(tok.apply_chat_template([{"role": "user", "content": "What is 3 + 4?"}], tokenize=False,
+                                              add_generation_prompt=True))
+
+
+def greedy(ids: list[int], n: int = 10) -> dict:
+    return {"input_ids": ids, "return_logprob": True,
+            "sampling_params": {"max_new_tokens": n, "temperature": 1.0, "top_k": 1, "ignore_eos": True}}
+
+
+async def test_a_broadcast_version_is_served_with_the_trainers_logprobs(
+    tiny_preset, start_engine, perturbed, prompt_ids
+) -> None:
+    engine = start_engine(tiny_preset.model_dir, weight_version="0")
+    weights_dir, state = perturbed
+    sender = WeightSender("127.0.0.1")
+    # small buckets: the version travels as several collectives, the last one carrying the version
+    manifest = sender.hold(1, state, bucket_bytes=64 * 1024)
+    assert len(manifest.bucket_sizes) > 2
+    async with EngineClient(engine.url, timeout=60) as client:
+        group = await open_group("engine-0", client, ThreadWeightSource(sender), SETTINGS)
+        assert sender.groups() == [group.name]
+        timings = await send_version("engine-0", client, group, 1, manifest, "retract", SETTINGS.timeout_s)
+        assert timings["bytes"] == manifest.total_bytes and timings["buckets"] == len(manifest.bucket_sizes)
+        assert await client.get_weight_version() == "1"
+        info = await client.get_server_info()
+        assert info["weight_update_groups"] == [group.name] and info["paused"] is False
+        out = await client.generate(**greedy(prompt_ids))
+        logprobs = [lp for lp, _tok, _ in out["meta_info"]["output_token_logprobs"]]
+        expected = teacher_forced_logprobs(weights_dir, prompt_ids, out["output_ids"], 1.0)
+        assert max(abs(a - b) for a, b in zip(logprobs, expected, strict=True)) <= 1e-4
+        assert out["meta_info"]["weight_version"] == "1"
+
+        # a second version through the same group
+        sender.hold(2, {k: v * 0.5 for k, v in state.items()}, bucket_bytes=64 * 1024)
+        await send_version("engine-0", client, group, 2, sender_manifest(sender, 2, state), "retract", 30.0)
+        assert await client.get_weight_version() == "2"
+        await close_group(group, client)
+        assert sender.groups() == [] and (await client.get_server_info())["weight_update_groups"] == []
+
+
+def sender_manifest(sender: WeightSender, version: int, state: dict) -> object:
+    """The manifest ``hold`` returned for ``version`` (recomputed the same way: wire order per bucket)."""
+    from relax.training.weights import WeightManifest
+
+    held = sender._held(version)
+    buckets = [{n: torch.empty(s, dtype=getattr(torch, d)) for n, d, s in zip(sp.names, sp.dtypes, sp.shapes,
+                                                                              strict=True)} for sp in held.specs]
+    return WeightManifest.from_buckets(version, buckets)
+
+
+async def test_the_protocol_rules_of_sglang_hold(tiny_preset, start_engine) -> None:
+    engine = start_engine(tiny_preset.model_dir, weight_version="0")
+    body = {"names": ["model.norm.weight"], "dtypes": ["float32"], "shapes": [[64]], "group_name": "g"}
+    async with httpx.AsyncClient(base_url=engine.url, timeout=30, trust_env=False) as http:
+        r = await http.post("/update_weights_from_distributed", json=body)  # outside a session
+        assert r.status_code == 400
+        assert "must run between begin_weight_update() and end_weight_update()" in r.json()["message"]
+        await http.post("/begin_weight_update", json={})
+        r = await http.post("/update_weights_from_distributed", json=body)  # no such group
+        assert r.status_code == 400 and "/init_weights_update_group" in r.json()["message"]
+        r = await http.post("/update_weights_from_distributed", json={**body, "dtypes": []})
+        assert r.status_code == 400 and "same length" in r.text
+        r = await http.post("/init_weights_update_group", json={
+            "master_address": "127.0.0.1", "master_port": 1, "rank_offset": 1, "world_size": 2, "backend": "nccl"})
+        assert r.status_code == 400 and "needs a CUDA engine" in r.json()["message"]
+        r = await http.post("/init_weights_update_group", json={
+            "master_address": "127.0.0.1", "master_port": 1, "rank_offset": 2, "world_size": 2})
+        assert r.status_code == 400 and "outside a group" in r.text
+        r = await http.post("/destroy_weights_update_group", json={"group_name": "nope"})
+        assert r.status_code == 400 and "no weight update group 'nope'" in r.json()["message"]
+        await http.post("/end_weight_update", json={})
+        assert (await http.get("/model_info")).json()["weight_version"] == "0"  # nothing changed
+
+
+async def test_an_engine_killed_mid_broadcast_fails_its_update_fast_and_spares_the_others(
+    tiny_preset, start_engine, perturbed
+) -> None:
+    _, state = perturbed
+    doomed = start_engine(tiny_preset.model_dir, weight_version="0")
+    survivor = start_engine(tiny_preset.model_dir, weight_version="0")
+    sender = WeightSender("127.0.0.1")
+    manifest = sender.hold(1, state, bucket_bytes=64 * 1024)
+    source = ThreadWeightSource(sender)
+    async with EngineClient(doomed.url, timeout=30) as a, EngineClient(survivor.url, timeout=30) as b:
+        group_a = await open_group("doomed", a, source, SETTINGS)
+        group_b = await open_group("survivor", b, source, SETTINGS)
+        await a.begin_weight_update()
+        os.killpg(doomed.pid, signal.SIGKILL)  # the whole process group, as Ray kills a worker's tree
+        began = time.monotonic()
+        with pytest.raises((RuntimeError, EngineError, OSError)):
+            for index in range(len(manifest.bucket_sizes)):
+                await source.broadcast(group_a.name, 1, index)
+        assert time.monotonic() - began < 15  # bounded: a dead peer is noticed, not waited for
+        await close_group(group_a, None)
+        await send_version("survivor", b, group_b, 1, manifest, "retract", SETTINGS.timeout_s)  # unaffected
+        assert await b.get_weight_version() == "1"
+        assert sender.groups() == [group_b.name]
+
+
+def test_a_peer_that_stops_receiving_times_out_the_sender_only() -> None:
+    """A hung engine (alive, never reading) costs the sender one bounded wait on its own thread."""
+    sender = WeightSender("127.0.0.1")
+    sender.hold(1, {"w": torch.zeros(16 * 2**20, dtype=torch.float32)}, bucket_bytes=2**30)  # 64 MiB
+    info = sender.open("hung", 2, "gloo", 3.0)
+    joined = threading.Event()
+
+    def hung_peer() -> None:
+        join_group("hung", info["master_address"], info["master_port"], 1, 2, "gloo", 3.0)
+        joined.set()
+        time.sleep(8)  # never receives: the group object stays alive, the bytes are not read
+
+    thread = threading.Thread(target=hung_peer, daemon=True)
+    thread.start()
+    sender.wait_open("hung", 10.0)
+    began = time.monotonic()
+    with pytest.raises(RuntimeError):
+        sender.broadcast("hung", 1, 0)
+    assert time.monotonic() - began < 10
+    sender.close("hung")
+    assert joined.is_set()
+
+
+def test_superseded_versions_and_unknown_groups_are_refused_clearly() -> None:
+    sender = WeightSender("127.0.0.1", keep=2)
+    for v in (1, 2, 3):
+        sender.hold(v, {"w": torch.ones(4)})
+    assert sender.held_versions() == [2, 3]
+    with pytest.raises(ValueError, match="strictly increase"):
+        sender.hold(3, {"w": torch.ones(4)})
+    with pytest.raises(KeyError, match="not open"):
+        sender.broadcast("nope", 3, 0)
+    store, port = host_store("127.0.0.1", 2, 5.0)
+    assert port > 0
+    del store
+
+
+def test_held_buffers_are_copies_a_training_step_cannot_change() -> None:
+    weight = torch.ones(8)
+    sender = WeightSender("127.0.0.1")
+    sender.hold(1, {"w": weight})
+    weight.mul_(3)  # the optimizer updates the parameter in place after publication
+    held = sender._held(1)
+    assert torch.equal(held.buffers[0].view(torch.float32), torch.ones(8))
+
+
+@pytest.mark.parametrize("mode", ["retract", "in_place"])
+async def test_in_flight_requests_survive_a_broadcast_and_record_both_versions(
+    tiny_preset, start_engine, perturbed, prompt_ids, mode
+) -> None:
+    engine = start_engine(tiny_preset.model_dir, weight_version="0")
+    _, state = perturbed
+    sender = WeightSender("127.0.0.1")
+    manifest = sender.hold(1, state)
+    async with EngineClient(engine.url, timeout=120) as client:
+        group = await open_group("e", client, ThreadWeightSource(sender), SETTINGS)
+        long = asyncio.ensure_future(client.generate(
+            input_ids=prompt_ids, sampling_params={"max_new_tokens": 200, "ignore_eos": True}, return_logprob=True))
+        deadline = time.monotonic() + 60
+        while (await client.get_server_info())["stats"]["generated_tokens"] < 5:
+            assert time.monotonic() < deadline, "the long request never started"
+            await asyncio.sleep(0.05)
+        await send_version("e", client, group, 1, manifest, mode, SETTINGS.timeout_s)
+        out = await long
+        spans = out["meta_info"]["weight_versions"]
+        assert [s["version"] for s in spans] == ["0", "1"] and spans[-1]["end"] == 200
