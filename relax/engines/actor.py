@@ -352,7 +352,8 @@ class EngineActor:
                     self.engine_id, version, nbytes / 2**20, pulled - began, written - pulled, loaded - written,
                     paused_s, pause_mode)
         return {"engine_id": self.engine_id, "version": version, "bytes": nbytes, "pull_s": pulled - began,
-                "write_s": written - pulled, "load_s": loaded - written, "paused_s": paused_s}
+                "write_s": written - pulled, "load_s": loaded - written, "paused_s": paused_s,
+                "path": "object-store"}
 
     def _prepare_start_from(self, version: int, bucket_refs: list[Any]) -> None:
         """Write version ``version`` as a complete checkpoint (weights + the run's config and tokenizer files)."""

@@ -165,7 +165,8 @@ async def send_version(engine_id: str, client: Any, group: EngineGroup, version:
     paused_s = time.monotonic() - paused_at if pause_mode != "none" else 0.0
     log.info("%s: weights v%d by broadcast, %d buckets, %.1f MiB in %.2fs (paused %.2fs)", engine_id, version,
              len(specs), sent / 2**20, transfer_s, paused_s)
-    return {"path": "broadcast", "transfer_s": transfer_s, "paused_s": paused_s, "bytes": sent,
+    # receive and load are one step per bucket here (the engine copies each bucket as it arrives): load_s = transfer_s
+    return {"path": "broadcast", "transfer_s": transfer_s, "load_s": transfer_s, "paused_s": paused_s, "bytes": sent,
             "buckets": len(specs)}
 
 

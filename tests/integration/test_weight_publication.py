@@ -1,7 +1,8 @@
 """Weights are right: after publication v every ACTIVE engine serves v, and its log-probs equal the trainer's.
 
 Real Ray: a RolloutManager with two built-in engines in their own placement groups, a one-rank trainer
-group, one rollout step, one training step, one publication through the object store.
+group, one rollout step, one training step; each publication goes both ways a run can send it: broadcast
+from the trainer's rank 0 (SGLang's distributed update over gloo) and through the object store.
 """
 
 from __future__ import annotations
@@ -22,8 +23,24 @@ from relax.training.group import TrainerGroup
 from relax.training.weights import WeightManifest, make_buckets
 
 
+@pytest.fixture(scope="module", params=["broadcast", "object-store"])
+def path(request) -> str:
+    return request.param
+
+
+def publish(manager, trainer, version: int, path: str) -> None:
+    """Publish the trainer's current weights as ``version``, the way a run with ``--weight-sync path`` does."""
+    if path == "broadcast":
+        manifest = trainer.hold_weights(version)
+        ray.get(manager.publish_weights.remote(version, [], manifest, trainer.sender))
+        return
+    buckets = make_buckets(trainer.full_state_dict())
+    refs = [ray.put(b) for b in buckets]
+    ray.get(manager.publish_weights.remote(version, refs, WeightManifest.from_buckets(version, buckets)))
+
+
 @pytest.fixture(scope="module")
-def stack(ray_cluster, tiny_preset):
+def stack(ray_cluster, tiny_preset, path):
     bundle = {"GPU": 1, "CPU": 1}
     groups = [placement_group([bundle], strategy="PACK") for _ in range(3)]
     ray.get([g.ready() for g in groups], timeout=60)
@@ -37,7 +54,7 @@ def stack(ray_cluster, tiny_preset):
     try:
         ray.get(manager.start_initial_engines.remote([(groups[1], 0), (groups[2], 0)]), timeout=180)
         trainer = TrainerGroup(TrainerConfig(hf_checkpoint=str(tiny_preset.model_dir), lr=5e-3), groups[0])
-        yield manager, trainer
+        yield manager, trainer, path
     finally:
         ray.get(manager.shutdown.remote(), timeout=60)
         ray.kill(manager)
@@ -56,17 +73,14 @@ def _generate(url: str, prompt_ids: list[int]) -> dict:
 
 
 def test_published_version_is_served_by_every_engine_with_the_trainers_log_probs(stack) -> None:
-    manager, trainer = stack
+    manager, trainer, path = stack
     ray.get(manager.start_generation.remote(0, None))
     part = ray.get(manager.get_partition.remote(0, 120), timeout=150)
     assert {s["weight_version"] for s in part["samples"]} == {0}
     metrics = trainer.train_step(part["samples"])
     assert metrics["num_samples"] == 16
 
-    state = trainer.full_state_dict()
-    buckets = make_buckets(state)
-    refs = [ray.put(b) for b in buckets]
-    ray.get(manager.publish_weights.remote(1, refs, WeightManifest.from_buckets(1, buckets)))
+    publish(manager, trainer, 1, path)
     assert ray.get(manager.wait_weights.remote(1, 60), timeout=90)
 
     engines = ray.get(manager.engines.remote())
@@ -100,7 +114,7 @@ def test_publication_under_load_pauses_only_for_the_load_and_loses_nothing(stack
     oldest version (SGLang reports the newest plus spans)."""
     from relax.rollout.generator import sample_version
 
-    manager, trainer = stack
+    manager, trainer, path = stack
     active = [e for e in ray.get(manager.engines.remote()) if e["status"] == "ACTIVE"]
     version = max(e["weight_version"] for e in active)
     params = {"max_new_tokens": 200, "temperature": 1.0, "ignore_eos": True}
@@ -114,10 +128,8 @@ def test_publication_under_load_pauses_only_for_the_load_and_loses_nothing(stack
         httpx.post(f"{e['url']}/pause_generation", json={"mode": "in_place"}, timeout=10, trust_env=False)
     assert sum(_running(e["url"]) for e in active) == 16  # still all in flight: none finished before the freeze
 
-    buckets = make_buckets(trainer.full_state_dict())
     new = version + 1
-    refs_w = [ray.put(b) for b in buckets]
-    ray.get(manager.publish_weights.remote(new, refs_w, WeightManifest.from_buckets(new, buckets)))
+    publish(manager, trainer, new, path)
     assert ray.get(manager.wait_weights.remote(new, 60), timeout=90)  # the sync's own continue lifts the freeze
     outs = ray.get(refs, timeout=120)
 
@@ -135,13 +147,14 @@ def test_publication_under_load_pauses_only_for_the_load_and_loses_nothing(stack
     for timings in syncs.values():
         # paused for the load only (a retract + re-encode included), not for the pull or the write
         assert 0 < timings["paused_s"] <= timings["load_s"] + 1.0 and timings["paused_s"] < timings["total_s"]
-    print("publication under load: paused", {eid: round(t["paused_s"], 3) for eid, t in syncs.items()},
+        assert timings["path"] == path
+    print(f"publication under load ({path}): paused", {eid: round(t["paused_s"], 3) for eid, t in syncs.items()},
           "load", {eid: round(t["load_s"], 3) for eid, t in syncs.items()})
 
 
 def test_requests_survive_an_engine_dying(stack) -> None:
     """A request whose engine dies is retried on another engine: nothing is lost, the dead one is FAILED."""
-    manager, _ = stack
+    manager, _, path = stack
     engines = [e for e in ray.get(manager.engines.remote()) if e["status"] == "ACTIVE"]
     victim = engines[0]["engine_id"]
     pid = ray.get(manager.engine_process.remote(victim))["pid"]
@@ -166,9 +179,11 @@ def test_requests_survive_an_engine_dying(stack) -> None:
     replacement = next(e for e in restarted() if e["engine_id"] not in {x["engine_id"] for x in engines})
     latest = ray.get(manager.status.remote())["latest_published"]
     assert replacement["kind"] == "initial" and replacement["weight_version"] == latest >= 1
-    # it started from the latest version: no base checkpoint first and a reload after
     info = httpx.get(f"{replacement['url']}/server_info", timeout=10, trust_env=False).json()
     assert info["weight_version"] == str(latest) and info["weight_loads"] == 0
-    assert f"relax-weights/{replacement['engine_id']}/v{latest}" in info["model_path"]
+    if path == "object-store":  # it started from the latest version: no base checkpoint first and a reload after
+        assert f"relax-weights/{replacement['engine_id']}/v{latest}" in info["model_path"]
+    else:  # no object-store copy exists: it received the latest by broadcast before it was ACTIVE
+        assert info["distributed_buckets_loaded"] > 0 and len(info["weight_update_groups"]) == 1
     events = ray.get(manager.recent_events.remote(50))
     assert any(e["kind"] == "engine_restarted" and victim in e["engine_ids"] for e in events)

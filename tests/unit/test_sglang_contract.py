@@ -91,6 +91,11 @@ def fake_sglang() -> tuple[FastAPI, list[tuple[str, str, Any]]]:
         "/continue_generation": {"message": "Generation continued successfully.", "status": "ok"},
         "/model_info": {"model_path": "/models/m", "weight_version": "3"},
         "/server_info": {"version": "0.5.23", "weight_version": "3"},
+        "/init_weights_update_group": {"success": True, "message": "ok"},
+        "/update_weights_from_distributed": {"success": True, "message": "ok"},
+        "/begin_weight_update": {"success": True, "message": "ok"},
+        "/end_weight_update": {"success": True, "message": "ok"},
+        "/destroy_weights_update_group": {"success": True, "message": "ok"},
     }  # fmt: skip
 
     @app.api_route("/{path:path}", methods=["GET", "POST", "PUT"])
@@ -115,6 +120,12 @@ async def drive_client(url: str) -> None:
         await client.generate("hi", sampling_params=params)
         await client.update_weights_from_disk("/ckpt/step_3", 3, load_format="auto")
         await client.pause_generation("retract")
+        await client.init_weights_update_group("10.0.0.1", 29500, 1, 2, group_name="g", backend="nccl")
+        await client.begin_weight_update()
+        await client.update_weights_from_distributed(["w"], ["bfloat16"], [[2, 2]], group_name="g", weight_version=4,
+                                                     load_format="flattened_bucket")
+        await client.end_weight_update()
+        await client.destroy_weights_update_group("g")
         await client.continue_generation()
         await client.abort_request("r")
         await client.abort_request(abort_all=True)
@@ -177,7 +188,8 @@ def test_every_flag_relax_emits_exists(client_requests: list[tuple[str, str, Any
 
 def test_every_route_and_body_field_relax_uses_exists(client_requests: list[tuple[str, str, Any]]) -> None:
     uses = relax_uses(client_requests)
-    bodies = {"/generate", "/update_weights_from_disk", "/pause_generation", "/abort_request", "SamplingParams"}
+    bodies = {"/generate", "/update_weights_from_disk", "/pause_generation", "/abort_request", "SamplingParams",
+              "/init_weights_update_group", "/update_weights_from_distributed", "/destroy_weights_update_group"}
     assert bodies <= set(uses["request_fields"])
     missing = contract.missing_from_snapshot(SNAPSHOT, **uses)
     assert not missing, f"SGLang {SNAPSHOT['sglang_version']} lacks what Relax uses: {', '.join(missing)}"

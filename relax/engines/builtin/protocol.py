@@ -171,6 +171,7 @@ class InitWeightsUpdateGroupBody(BaseModel):
     world_size: StrictInt = Field(ge=2)
     group_name: str = Field("weight_update_group", min_length=1)
     backend: Literal["gloo", "nccl"] = "nccl"
+    rid: str | None = None  # SGLang's request id field: accepted, unused
 
     @model_validator(mode="after")
     def _rank_inside(self) -> InitWeightsUpdateGroupBody:
@@ -192,6 +193,9 @@ class UpdateWeightsFromDistributedBody(BaseModel):
     abort_all_requests: StrictBool = False
     weight_version: str | int | None = None
     load_format: Literal["flattened_bucket"] | None = None
+    rid: str | None = None  # SGLang's fields without a meaning on CPU or for one engine process: accepted, unused
+    selector: Any = None
+    torch_empty_cache: StrictBool = False
 
     @model_validator(mode="after")
     def _same_lengths(self) -> UpdateWeightsFromDistributedBody:
@@ -207,6 +211,7 @@ class WeightsGroupBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     group_name: str = Field("weight_update_group", min_length=1)
+    rid: str | None = None
 
 
 class WeightUpdateSessionBody(BaseModel):
@@ -215,3 +220,4 @@ class WeightUpdateSessionBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     selector: Any = None
+    rid: str | None = None
