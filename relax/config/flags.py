@@ -140,6 +140,7 @@ class TrainArgs:
     weight_sync_pause_mode: WeightSyncPauseMode = WeightSyncPauseMode.RETRACT
     weight_sync: WeightSync = WeightSync.BROADCAST
     weight_broadcast_timeout: float = 60.0
+    update_weight_buffer_size: int = 512 * 2**20
     # Training
     global_batch_size: int | None = None
     max_tokens_per_gpu: int | None = None
@@ -366,6 +367,10 @@ def _add_rollout_flags(group: argparse._ArgumentGroup) -> None:
                        help="how new weights reach the engines: broadcast (default: SGLang's distributed update "
                             "from trainer rank 0, gloo on CPU, NCCL on GPU) or object-store (Ray's object store and "
                             "a load from shared memory; for engines that cannot reach the trainer)")
+    group.add_argument("--update-weight-buffer-size", type=argtypes.positive_int, default=512 * 2**20,
+                       metavar="BYTES",
+                       help="bucket size of a broadcast weight update (default 512 MiB, as slime); each engine keeps "
+                            "one receive buffer of this size")
     group.add_argument("--weight-broadcast-timeout", type=argtypes.positive_float, default=60.0, metavar="S",
                        help="deadline of one broadcast step (a group join, one bucket); an engine that misses it "
                             "is failed and replaced (default 60)")

@@ -230,8 +230,9 @@ class Driver:
         began = time.monotonic()
         dtype = self._publish_dtype()
         if self.args.weight_sync is WeightSync.BROADCAST:  # the bytes stay in rank 0; engines receive them from it
-            manifest = self.trainer.hold_weights(version, dtype=None if dtype is None else str(dtype).removeprefix(
-                "torch."), backend=self._broadcast_backend())
+            manifest = self.trainer.hold_weights(
+                version, dtype=None if dtype is None else str(dtype).removeprefix("torch."),
+                backend=self._broadcast_backend(), bucket_bytes=self.args.update_weight_buffer_size)
             self.manager.publish_weights.remote(version, [], manifest, self.trainer.sender)
             return time.monotonic() - began
         state = self.trainer.full_state_dict()

@@ -65,7 +65,7 @@ from relax.training.precision import (
     precision_fallback_warning,
     resolve_precision,
 )
-from relax.training.sender import WeightSender
+from relax.training.sender import BROADCAST_BUCKET_BYTES, WeightSender
 from relax.training.weights import WeightManifest
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -655,7 +655,8 @@ class TrainerActor:
 
     # ---- broadcast weight updates (relax.training.sender; the manager drives them)
 
-    def hold_weights(self, version: int, dtype: str | None = None, backend: str = "gloo") -> WeightManifest | None:
+    def hold_weights(self, version: int, dtype: str | None = None, backend: str = "gloo",
+                     bucket_bytes: int = BROADCAST_BUCKET_BYTES) -> WeightManifest | None:
         """Gather the full weights (collective) and keep them on rank 0 for broadcast as ``version``.
 
         Returns the manifest (rank 0; others None): the bytes stay here, only their description travels.
@@ -669,7 +670,8 @@ class TrainerActor:
 
             device = self.device if backend == "nccl" else torch.device("cpu")
             self.sender = WeightSender(node_ip(), device=device)
-        return self.sender.hold(version, state, dtype=dtype_from_name(dtype) if dtype else None)
+        return self.sender.hold(version, state, dtype=dtype_from_name(dtype) if dtype else None,
+                                bucket_bytes=bucket_bytes)
 
     def _sender(self) -> WeightSender:
         if self.sender is None:

@@ -88,12 +88,18 @@ class BucketSpec:
 
 
 def flatten(bucket: Mapping[str, torch.Tensor], spec: BucketSpec | None = None,
-            device: torch.device | str | None = None) -> tuple[torch.Tensor, BucketSpec]:
-    """``bucket`` as one contiguous uint8 buffer (a copy, so later training steps cannot change it)."""
+            device: torch.device | str | None = None,
+            out: torch.Tensor | None = None) -> tuple[torch.Tensor, BucketSpec]:
+    """``bucket`` as one contiguous uint8 buffer (a copy, so later training steps cannot change it).
+
+    ``out``, when given, is a uint8 buffer of exactly the bucket's size to copy into (reused memory).
+    """
     spec = spec or BucketSpec.of(bucket)
     first = bucket[spec.names[0]] if spec.names else None
     target = torch.device(device) if device is not None else (first.device if first is not None else None)
-    out = torch.empty(spec.nbytes, dtype=torch.uint8, device=target)
+    if out is not None and (out.dtype != torch.uint8 or out.numel() != spec.nbytes):
+        raise ValueError(f"out must be a uint8 buffer of {spec.nbytes} bytes, got {out.dtype} x {out.numel()}")
+    out = out if out is not None else torch.empty(spec.nbytes, dtype=torch.uint8, device=target)
     for name, at in zip(spec.names, spec.offsets(), strict=True):
         t = bucket[name].detach().contiguous()
         raw = t.reshape(-1).view(torch.uint8)

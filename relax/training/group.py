@@ -234,13 +234,15 @@ class TrainerGroup:
         logger.info("trainer group: full state dict (%d tensors) in %.3fs", len(state), time.perf_counter() - t0)
         return state
 
-    def hold_weights(self, version: int, *, dtype: str | None = None, backend: str = "gloo") -> Any:
+    def hold_weights(self, version: int, *, dtype: str | None = None, backend: str = "gloo",
+                     bucket_bytes: int | None = None) -> Any:
         """Gather the full weights and keep them on rank 0 for broadcast as ``version``; returns the manifest.
 
         The bytes stay in rank 0 (``sender``); the rollout manager asks it for each bucket per engine.
         """
         t0 = time.perf_counter()
-        manifest = self._call_all("hold_weights", version, dtype, backend)[0]
+        extra = {} if bucket_bytes is None else {"bucket_bytes": bucket_bytes}
+        manifest = self._call_all("hold_weights", version, dtype, backend, **extra)[0]
         logger.info("trainer group: v%d held for broadcast (%d tensors, %.1f MiB) in %.3fs", version,
                     manifest.num_tensors, manifest.total_bytes / 2**20, time.perf_counter() - t0)
         return manifest

@@ -208,3 +208,20 @@ async def test_in_flight_requests_survive_a_broadcast_and_record_both_versions(
         out = await long
         spans = out["meta_info"]["weight_versions"]
         assert [s["version"] for s in spans] == ["0", "1"] and spans[-1]["end"] == 200
+
+
+def test_a_hold_reuses_the_dropped_versions_memory_unless_a_broadcast_reads_it() -> None:
+    sender = WeightSender("127.0.0.1", keep=2)
+    state = {"w": torch.ones(1024)}
+    sender.hold(1, state)
+    sender.hold(2, {"w": torch.full((1024,), 2.0)})
+    v1_ptr = sender._held(1).buffers[0].data_ptr()
+    sender.hold(3, {"w": torch.full((1024,), 3.0)})
+    assert sender.held_versions() == [2, 3]
+    assert sender._held(3).buffers[0].data_ptr() == v1_ptr  # v1's mapped memory, refilled
+    assert torch.equal(sender._held(3).buffers[0].view(torch.float32), torch.full((1024,), 3.0))
+    v2_ptr = sender._held(2).buffers[0].data_ptr()
+    sender._sending[2] = 1  # a broadcast of v2 is in progress: its bytes must not change under it
+    sender.hold(4, {"w": torch.full((1024,), 4.0)})
+    assert sender._held(4).buffers[0].data_ptr() != v2_ptr
+    assert sender.held_versions() == [3, 4]

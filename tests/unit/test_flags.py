@@ -319,3 +319,15 @@ def test_weight_sync_pause_mode_defaults_to_retract_and_names_bad_values() -> No
     assert parse_args(["--weight-sync-pause-mode", "none"]).weight_sync_pause_mode is WeightSyncPauseMode.NONE
     message = _error(["--weight-sync-pause-mode", "later"])
     assert "--weight-sync-pause-mode" in message and "retract, in_place, abort, none" in message
+
+
+def test_weight_sync_defaults_to_broadcast_and_names_bad_values() -> None:
+    from relax.config.flags import WeightSync
+
+    args = parse_args([])
+    assert args.weight_sync is WeightSync.BROADCAST and args.weight_broadcast_timeout == 60.0
+    assert parse_args(["--weight-sync", "object-store"]).weight_sync is WeightSync.OBJECT_STORE
+    assert parse_args(["--weight-broadcast-timeout", "5"]).weight_broadcast_timeout == 5.0
+    message = _error(["--weight-sync", "nccl"])
+    assert "--weight-sync" in message and "broadcast, object-store" in message
+    assert "--weight-broadcast-timeout" in _error(["--weight-broadcast-timeout", "0"])

@@ -53,7 +53,11 @@ class DistributedUpdates:
         self.groups: dict[str, WeightGroup] = {}
         self.session_open = False
         self.buckets_loaded = 0  # successful /update_weights_from_distributed calls since start
-        self._lock = threading.Lock()
+        # One receive buffer, reused: buckets arrive one after another and are copied into the model before
+        # the next, and a fresh 64 MiB buffer per bucket costs its page faults every time (measured: ~40% of a
+        # 513 MiB update on this machine).
+        self._staging: torch.Tensor | None = None
+        self._receiving = threading.Lock()
 
     async def init_group(self, body: InitWeightsUpdateGroupBody) -> dict[str, Any]:
         if body.group_name in self.groups:
@@ -110,22 +114,29 @@ class DistributedUpdates:
         async with lock:
             if body.abort_all_requests:
                 await asyncio.to_thread(self.engine.abort, None, "aborted by update_weights_from_distributed")
-            try:
-                named = await asyncio.to_thread(self._receive, group, spec, body.load_format)
-            except Exception as exc:  # noqa: BLE001 - a dead trainer or a timeout: reported with its cause
-                raise WeightUpdateError(f"broadcast on group {body.group_name!r} failed: {_first_line(exc)}") from exc
             version = None if body.weight_version is None else str(body.weight_version)
-            try:
-                await asyncio.to_thread(self.engine.update_tensors, named, version)
-            except ValueError as exc:
-                raise WeightUpdateError(f"received tensors do not match the served model: {exc}") from exc
+            await asyncio.to_thread(self._receive_and_load, group, spec, body.load_format, version, body.group_name)
         self.buckets_loaded += 1
         return {"success": True, "message": f"loaded {len(spec.names)} tensors", "weight_version":
                 self.engine.weight_version}
 
+    def _receive_and_load(self, group: WeightGroup, spec: BucketSpec, load_format: str | None, version: str | None,
+                          name: str) -> None:
+        with self._receiving:  # the staging buffer holds one bucket at a time
+            try:
+                named = self._receive(group, spec, load_format)
+            except Exception as exc:  # noqa: BLE001 - a dead trainer or a timeout: reported with its cause
+                raise WeightUpdateError(f"broadcast on group {name!r} failed: {_first_line(exc)}") from exc
+            try:
+                self.engine.update_tensors(named, version)
+            except ValueError as exc:
+                raise WeightUpdateError(f"received tensors do not match the served model: {exc}") from exc
+
     def _receive(self, group: WeightGroup, spec: BucketSpec, load_format: str | None) -> dict[str, torch.Tensor]:
         if load_format == "flattened_bucket":
-            buffer = torch.empty(spec.nbytes, dtype=torch.uint8, device=self.device)
+            if self._staging is None or self._staging.numel() < spec.nbytes:
+                self._staging = torch.empty(spec.nbytes, dtype=torch.uint8, device=self.device)
+            buffer = self._staging[: spec.nbytes]
             group.broadcast(buffer, src=0)
             return unflatten(buffer, spec)
         out = {}
