@@ -132,12 +132,19 @@ def read_log_tail(path: str | os.PathLike[str], lines: int = LOG_TAIL_LINES) -> 
     return "\n".join(text.splitlines()[-lines:])
 
 
+def guarded(argv: Sequence[str]) -> list[str]:
+    """``argv`` run under ``relax.engines.guard``: the server dies when this process does, however it dies."""
+    return [sys.executable, "-m", "relax.engines.guard", "--owner-pid", str(os.getpid()), "--", *argv]
+
+
 class ServerProcess:
     """One server subprocess in its own session (process group), logging to ``spec.log_path``.
 
     Its own session means ``stop`` reaches every process the server spawned (SGLang forks schedulers
     and detokenizers) and a signal aimed at the parent (Ctrl-C in a terminal, SIGTERM to a Ray worker)
     does not hit the server behind our back. ``stop`` is idempotent and safe to call from any thread.
+    The session leader is ``relax.engines.guard`` (``pid`` is its pid): it stops the group when the
+    process that called ``start`` is gone, so no server outlives its owner.
     """
 
     def __init__(self, spec: LaunchSpec) -> None:
@@ -178,7 +185,7 @@ class ServerProcess:
             env = {**os.environ, **self.spec.env}
             with open(log_path, "ab") as log:
                 self._proc = subprocess.Popen(
-                    list(self.spec.argv),
+                    guarded(self.spec.argv),
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from relax.autoscaler.config import load_autoscaler_config
+from relax.config.checks import check_hf_checkpoint, check_port_free
 from relax.config.flags import ConfigError, TrainArgs, WeightSync, fail, parse_args_or_exit
 from relax.config.plan import Plan, build_plan, format_plan, validate_paths, validate_plan_against_cluster
 from relax.engines.sglang import api_key_from_env
@@ -30,22 +31,15 @@ log = logging.getLogger("relax.train")
 PARTITION_TIMEOUT_S = 1800.0
 
 
-def _check_model_dir(path: str | None) -> list[str]:
-    if not path:
-        return ["--hf-checkpoint is required (a Hugging Face model directory)"]
-    p = Path(path)
-    if p.is_dir() and not (p / "config.json").is_file():
-        return [f"--hf-checkpoint {path} has no config.json (is it a Hugging Face model directory?)"]
-    if p.is_dir() and not any(p.glob("*.safetensors")) and not any(p.glob("*.bin")):
-        return [f"--hf-checkpoint {path} holds no weights (*.safetensors)"]
-    return []
-
-
 def preflight(args: TrainArgs) -> None:
     """Every check that needs no cluster, before anything starts (clear errors, exit 2)."""
-    problems = validate_paths(args) + _check_model_dir(args.hf_checkpoint)
+    problems = [p for p in validate_paths(args) if not p.startswith("--hf-checkpoint")]
+    problems += check_hf_checkpoint(args.hf_checkpoint)
     if not args.prompt_data:
         problems.append("--prompt-data is required (a JSONL file of prompts)")
+    port_problem = check_port_free(args.api_host, args.api_port)
+    if port_problem:
+        problems.append(port_problem)
     if problems:
         fail(ConfigError("; ".join(problems)))
     from relax.data.dataset import DataError, load_prompt_data

@@ -86,3 +86,48 @@ def test_model_path_without_weights(tiny_preset, tmp_path: Path) -> None:
 @pytest.mark.parametrize("flag", ["--colocate"])
 def test_unsupported_mode_is_explained(tiny_preset, flag: str) -> None:
     _fails_cleanly(run_train(*tiny_args(tiny_preset, flag)), "--colocate")
+
+
+def _broken_copy(preset, tmp_path: Path, name: str, damage) -> Path:
+    import shutil
+
+    broken = tmp_path / name
+    shutil.copytree(preset.model_dir, broken)
+    damage(broken)
+    return broken
+
+
+@pytest.mark.parametrize(("case", "words"), [
+    ("truncated", "is truncated"),
+    ("garbage", "is not a safetensors file"),
+    ("config", "config.json is not valid JSON"),
+])
+def test_a_corrupted_checkpoint_fails_in_one_line_before_anything_starts(tiny_preset, tmp_path: Path, case: str,
+                                                                         words: str) -> None:
+    def damage(d: Path) -> None:
+        weights = d / "model.safetensors"
+        if case == "truncated":
+            data = weights.read_bytes()
+            weights.write_bytes(data[: len(data) // 2])
+        elif case == "garbage":
+            weights.write_bytes(b"\x00\x01garbage" * 1000)
+        else:
+            (d / "config.json").write_text('{"model_type": "qwen3",')
+
+    args = tiny_args(tiny_preset)
+    args[args.index("--hf-checkpoint") + 1] = str(_broken_copy(tiny_preset, tmp_path, case, damage))
+    result = run_train(*args)
+    _fails_cleanly(result, words)
+    assert "Started a local Ray" not in result.stderr
+
+
+def test_an_api_port_in_use_fails_in_one_line_before_ray_starts(tiny_preset) -> None:
+    import socket
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        result = run_train(*tiny_args(tiny_preset, "--api-port", str(port)))
+    _fails_cleanly(result, f"--api-port {port}: 127.0.0.1:{port} is already in use")
+    assert "Started a local Ray" not in result.stderr

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 import time
 import uuid
 from dataclasses import asdict, dataclass
@@ -40,6 +41,7 @@ from relax.engines.builtin.rwlock import WriterPreferringLock
 from relax.engines.builtin.scheduler import Capacity
 from relax.engines.builtin.scheduler import Request as EngineRequest
 from relax.engines.builtin.weight_updates import DistributedUpdates, WeightUpdateError
+from relax.engines.guard import parent_watchdog
 
 log = logging.getLogger("relax.engine")
 
@@ -382,6 +384,14 @@ def create_app(server: BuiltinServer) -> FastAPI:
     return app
 
 
+def _orphaned() -> None:
+    """Our parent (the guard, or whoever started us) is gone: shut down as on SIGTERM, and surely exit."""
+    log.warning("parent process gone: shutting down")
+    os.kill(os.getpid(), signal.SIGTERM)  # uvicorn's graceful shutdown (the engine's hook runs)
+    time.sleep(10)
+    os._exit(137)
+
+
 def serve(args: ServerArgs) -> None:
     """Run the server until SIGTERM/SIGINT (uvicorn handles both and runs the shutdown hook)."""
     import uvicorn
@@ -390,6 +400,7 @@ def serve(args: ServerArgs) -> None:
     server = BuiltinServer(args)
     app = create_app(server)
     server.engine.start()
+    parent_watchdog(_orphaned)
     log.info("built-in engine serving %s on http://%s:%d (weight_version=%s, device=%s)",
              server.model_path, args.host, args.port, server.engine.weight_version, server.device)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)

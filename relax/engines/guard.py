@@ -1,0 +1,104 @@
+"""A server process that cannot outlive the process that started it.
+
+``ServerProcess`` starts every engine server (SGLang or built-in) as ``python -m relax.engines.guard
+--owner-pid P -- <server argv>``. The guard is the session leader of the server's process group and the
+server's parent; it watches its own parent (the owner: a Ray worker holding an ``EngineActor``, or a test).
+When the owner is gone, however it went (SIGKILL by the OOM killer, a raylet taking its workers down, a
+driver killed by pid), the guard is re-parented and notices within ``POLL_S``; it then stops the whole
+process group (SIGTERM, ``GRACE_S``, SIGKILL), so SGLang's scheduler and detokenizer children go too.
+
+Why not only ``PR_SET_PDEATHSIG``: Linux sends it when the *thread* that forked the child exits, not the
+process, and Ray runs actor methods on pool threads; a server started from one would die with a thread.
+The guard polls instead, and the built-in server runs the same check itself (``parent_watchdog``) in case
+the guard alone is killed.
+
+Standard library only, so it starts in milliseconds and works wherever the server's Python runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+POLL_S = 0.5
+GRACE_S = 5.0
+
+
+def owner_alive(owner_pid: int) -> bool:
+    """Whether our parent is still the owner (a dead owner's children are re-parented to a reaper)."""
+    return os.getppid() == owner_pid
+
+
+def parent_watchdog(on_orphaned: Callable[[], None], *, poll_s: float = POLL_S) -> threading.Thread:
+    """A daemon thread that calls ``on_orphaned`` once when this process's parent changes."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        on_orphaned()
+
+    thread = threading.Thread(target=watch, name="relax-parent-watchdog", daemon=True)
+    thread.start()
+    return thread
+
+
+def _stop_group(child: subprocess.Popen[bytes], grace_s: float) -> None:
+    """SIGTERM our process group (the server and what it forked), then SIGKILL what is left."""
+    pgid = os.getpgid(0)
+    with contextlib.suppress(ProcessLookupError):
+        child.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while child.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the group kill below must not end us before it is sent
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)  # includes us: nothing of the group survives
+
+
+def run(owner_pid: int, argv: Sequence[str], *, poll_s: float = POLL_S, grace_s: float = GRACE_S) -> int:
+    child = subprocess.Popen(list(argv))  # same process group (ours), stdout/stderr inherited (the server log)
+    stopping = threading.Event()
+
+    def forward(signum: int, _frame: object) -> None:
+        stopping.set()
+        with contextlib.suppress(ProcessLookupError):
+            child.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    while True:
+        try:
+            code = child.wait(timeout=poll_s)
+            return code if code >= 0 else 128 - code
+        except subprocess.TimeoutExpired:
+            pass
+        if not stopping.is_set() and not owner_alive(owner_pid):
+            print(f"relax guard: owner pid {owner_pid} is gone; stopping server pid {child.pid} and its process "
+                  "group", file=sys.stderr, flush=True)
+            _stop_group(child, grace_s)
+            return 137
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m relax.engines.guard", description=__doc__.splitlines()[0])
+    parser.add_argument("--owner-pid", type=int, required=True)
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the server's argv")
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("no server command after --")
+    if not owner_alive(args.owner_pid):  # the owner died before we even started
+        return 137
+    return run(args.owner_pid, command)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,116 @@
+"""No engine server outlives the process that started it (``relax.engines.guard``), however that one dies.
+
+Faults as the platform makes them: the owner is SIGKILLed by pid alone (an OOM kill, ``kill -9 <driver>``),
+not by process group, so nothing but the guard can take the server down.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from relax.engines import guard
+
+OWNER = textwrap.dedent("""
+    import json, sys, time
+    from relax.cluster.network import free_port
+    from relax.engines.launcher import BuiltinOptions, ServerProcess, builtin_spec
+    spec = builtin_spec(sys.argv[1], "127.0.0.1", free_port(), sys.argv[2], name="guarded",
+                        options=BuiltinOptions(num_threads=1))
+    proc = ServerProcess(spec)
+    proc.start()
+    proc.wait_healthy(timeout=120)
+    print(json.dumps({"guard": proc.pid, "port": spec.port}), flush=True)
+    time.sleep(600)
+""")
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _wait_gone(pids: list[int], timeout: float) -> float:
+    began = time.monotonic()
+    while not all(_gone(p) for p in pids):
+        assert time.monotonic() - began < timeout, f"still alive after {timeout}s: {[p for p in pids if not _gone(p)]}"
+        time.sleep(0.1)
+    return time.monotonic() - began
+
+
+def _listening(port: int) -> bool:
+    return any(c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN
+               for c in psutil.net_connections("tcp"))
+
+
+@pytest.fixture
+def owner(tiny_preset, tmp_path: Path):
+    """A process that started a guarded built-in engine; yields (owner Popen, guard pid, server pid, port)."""
+    proc = subprocess.Popen([sys.executable, "-c", OWNER, str(tiny_preset.model_dir), str(tmp_path / "engine.log")],
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        line = proc.stdout.readline()
+        assert line, f"the owner exited ({proc.poll()}); engine log:\n{(tmp_path / 'engine.log').read_text()[-2000:]}"
+        info = json.loads(line)
+        (server,) = psutil.Process(info["guard"]).children()
+        yield proc, info["guard"], server.pid, info["port"]
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # the owner's group (the server has its own session)
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+
+def test_an_owner_killed_by_pid_takes_its_server_with_it(owner) -> None:
+    proc, guard_pid, server_pid, port = owner
+    assert _listening(port)
+    os.kill(proc.pid, signal.SIGKILL)  # by pid: the server is in its own session, this reaches only the owner
+    proc.wait(timeout=10)
+    took = _wait_gone([guard_pid, server_pid], timeout=15)
+    assert not _listening(port)
+    print(f"owner SIGKILLed: server gone after {took:.1f}s")
+
+
+def test_a_server_whose_guard_is_killed_stops_itself(owner) -> None:
+    _, guard_pid, server_pid, port = owner
+    os.kill(guard_pid, signal.SIGKILL)
+    took = _wait_gone([server_pid], timeout=20)  # its own parent watchdog: a graceful shutdown
+    assert not _listening(port)
+    print(f"guard SIGKILLed: server gone after {took:.1f}s")
+
+
+def test_the_guard_passes_the_exit_code_and_signals_through(tmp_path: Path) -> None:
+    code = subprocess.run([sys.executable, "-m", "relax.engines.guard", "--owner-pid", str(os.getpid()), "--",
+                           sys.executable, "-c", "raise SystemExit(3)"], timeout=30).returncode
+    assert code == 3
+    proc = subprocess.Popen([sys.executable, "-m", "relax.engines.guard", "--owner-pid", str(os.getpid()), "--",
+                             sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    deadline = time.monotonic() + 10
+    while not psutil.Process(proc.pid).children():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    (child,) = psutil.Process(proc.pid).children()
+    proc.send_signal(signal.SIGTERM)  # forwarded: the server stops and the guard reports how
+    assert proc.wait(timeout=10) == 128 + signal.SIGTERM
+    _wait_gone([child.pid], timeout=5)
+
+
+def test_a_guard_whose_owner_is_already_gone_starts_nothing() -> None:
+    assert guard.main(["--owner-pid", "1" if os.getppid() != 1 else "2", "--", "true"]) == 137
+
+
+def test_a_guard_without_a_command_explains_itself(capsys) -> None:
+    with pytest.raises(SystemExit):
+        guard.main(["--owner-pid", str(os.getppid()), "--"])
+    assert "no server command" in capsys.readouterr().err

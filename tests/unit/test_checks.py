@@ -1,0 +1,78 @@
+"""Checks made before a run starts: a complete checkpoint, a free API port."""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from relax.config.checks import check_hf_checkpoint, check_port_free, safetensors_problem
+
+
+def model_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
+    save_file({"a": torch.ones(64), "b": torch.zeros(8, 8)}, str(d / "model.safetensors"))
+    return d
+
+
+def test_a_complete_checkpoint_has_no_problem(tmp_path: Path) -> None:
+    assert check_hf_checkpoint(str(model_dir(tmp_path))) == []
+
+
+def test_truncation_is_found_by_the_header_and_the_size(tmp_path: Path) -> None:
+    d = model_dir(tmp_path)
+    weights = d / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[:-1])
+    (problem,) = check_hf_checkpoint(str(d))
+    assert "is truncated" in problem and f"{len(data) - 1} bytes, its header needs {len(data)}" in problem
+
+
+def test_garbage_and_headers_that_lie_are_not_safetensors(tmp_path: Path) -> None:
+    f = tmp_path / "x.safetensors"
+    f.write_bytes(b"abc")
+    assert "shorter than its header" in safetensors_problem(f)
+    f.write_bytes(struct.pack("<Q", 10**12) + b"{}")
+    assert "does not fit" in safetensors_problem(f)
+    f.write_bytes(struct.pack("<Q", 4) + b"nope")
+    assert "not JSON" in safetensors_problem(f)
+    f.write_bytes(struct.pack("<Q", 12) + b'{"t": {"x":1}}'[:12])
+    assert safetensors_problem(f) is not None
+
+
+def test_config_problems_are_named(tmp_path: Path) -> None:
+    d = model_dir(tmp_path)
+    (d / "config.json").write_text("{broken")
+    (problem,) = check_hf_checkpoint(str(d))
+    assert "config.json is not valid JSON" in problem
+    (d / "config.json").write_text("[1, 2]")
+    assert "not a Hugging Face model config" in check_hf_checkpoint(str(d))[0]
+    (d / "config.json").unlink()
+    assert "has no config.json" in check_hf_checkpoint(str(d))[0]
+    assert "no such file" in check_hf_checkpoint(str(tmp_path / "nope"))[0]
+    assert "is required" in check_hf_checkpoint(None)[0]
+
+
+def test_a_sharded_checkpoint_missing_a_shard_is_named(tmp_path: Path) -> None:
+    d = model_dir(tmp_path)
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "model.safetensors",
+                                                                               "b": "model-2.safetensors"}}))
+    assert check_hf_checkpoint(str(d)) == [f"{d / 'model.safetensors.index.json'} names model-2.safetensors, "
+                                           "which is missing"]
+
+
+def test_a_port_in_use_is_named_and_a_free_one_passes() -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        message = check_port_free("127.0.0.1", port)
+        assert message is not None and f"--api-port {port}: 127.0.0.1:{port} is already in use" in message
+    assert check_port_free("127.0.0.1", port) is None
+    assert check_port_free("127.0.0.1", 0) is None
