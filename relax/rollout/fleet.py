@@ -41,6 +41,8 @@ log = logging.getLogger("relax.rollout")
 HEALTH_INTERVAL_S = 5.0
 HEALTH_TIMEOUT_S = 20.0
 HEALTH_FAILURES_BEFORE_FAILED = 3  # consecutive /health failures of a live process = hung
+RESTART_ATTEMPTS = 3  # a lost initial engine is restarted in its bundle this many times, backing off
+RESTART_BACKOFF_S = 2.0
 
 
 class EngineHTTP(Protocol):
@@ -487,14 +489,24 @@ class EngineFleet:
         record = self.pool.get(engine_id)
         if record.kind is not EngineKind.INITIAL or slot is None or self._shutting_down:
             return
-        replacement = self.pool.add(EngineKind.INITIAL, bundle=record.bundle)
-        self.events.append(EventKind.ENGINE_RESTARTED, f"{replacement.engine_id} replaces {why} {engine_id}",
-                           engine_ids=(engine_id, replacement.engine_id))
-        log.warning("%s replaces %s initial engine %s in its own bundle", replacement.engine_id, why, engine_id)
-        try:
-            await self.bring_up(replacement.engine_id, EngineSlot(slot.placement_group, slot.bundle_index))
-        except Exception as exc:
-            log.error("restarting initial engine %s failed: %s", engine_id, _first_line(exc))
+        for attempt in range(1, RESTART_ATTEMPTS + 1):
+            replacement = self.pool.add(EngineKind.INITIAL, bundle=record.bundle)
+            self.events.append(EventKind.ENGINE_RESTARTED,
+                               f"{replacement.engine_id} replaces {why} {engine_id} (attempt {attempt}/"
+                               f"{RESTART_ATTEMPTS})", engine_ids=(engine_id, replacement.engine_id))
+            log.warning("%s replaces %s initial engine %s in its own bundle (attempt %d/%d)", replacement.engine_id,
+                        why, engine_id, attempt, RESTART_ATTEMPTS)
+            try:
+                await self.bring_up(replacement.engine_id, EngineSlot(slot.placement_group, slot.bundle_index))
+                return
+            except Exception as exc:
+                log.error("restarting initial engine %s failed (attempt %d/%d): %s", engine_id, attempt,
+                          RESTART_ATTEMPTS, _first_line(exc))
+            if self._shutting_down:
+                return
+            await asyncio.sleep(RESTART_BACKOFF_S * 2 ** (attempt - 1))
+        self.events.append(EventKind.ENGINE_STATE, f"{engine_id} not replaced after {RESTART_ATTEMPTS} attempts; "
+                           "the pool runs one initial engine short", engine_ids=engine_id)
 
     async def notify_eviction(self, engine_id: str) -> None:
         """SIGTERM reached an EngineActor (node reclaimed): drain within the grace period, then remove."""
