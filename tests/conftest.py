@@ -26,3 +26,31 @@ def smollm2_preset(tmp_path_factory: pytest.TempPathFactory):
     from relax.presets.smollm2 import build_smollm2_preset
 
     return build_smollm2_preset(tmp_path_factory.mktemp("smollm2-preset"))
+
+
+# ------------------------------------------------------------------ the leak check (tests/leaks.py)
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    import time
+
+    session.config._relax_started_at = time.time()  # type: ignore[attr-defined]
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    from tests import leaks
+
+    since = getattr(session.config, "_relax_started_at", None)
+    if since is None or os.environ.get("RELAX_SKIP_LEAK_CHECK") == "1":
+        return
+    left = leaks.wait_for_leftovers(since)
+    if not left:
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    lines = ["processes started by the test suite are still running:", *(f"  {x.describe()}" for x in left)]
+    if reporter is not None:
+        reporter.write_line("\n".join(lines), red=True)
+    else:  # pragma: no cover
+        print("\n".join(lines))
+    leaks.kill(left)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
