@@ -12,6 +12,7 @@ import os
 
 import ray
 
+from relax.cluster.embedded import clean_stale_sessions, current_session_dir, mark_session
 from relax.config.plan import Plan
 
 log = logging.getLogger("relax.cluster")
@@ -57,6 +58,7 @@ def start_local(num_gpus: int, num_cpus: int, *, resources: dict[str, float] | N
     ``~/.ray/auth_token`` exists and a local driver then hangs. GPUs are logical: placement only.
     """
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    clean_stale_sessions()  # what a driver killed by pid left behind (relax.cluster.embedded)
     ray.init(
         address="local",
         num_cpus=num_cpus,
@@ -66,3 +68,6 @@ def start_local(num_gpus: int, num_cpus: int, *, resources: dict[str, float] | N
         runtime_env=runtime_env,
         log_to_driver=log_to_driver,
     )
+    session = current_session_dir()
+    if session is not None:
+        mark_session(session)

@@ -78,6 +78,7 @@ class Driver:
         self.stop = _Stop()
         self.run_dir = Path(args.output_dir)
         self.groups: list[Any] = []
+        self.mode: str | None = None  # "embedded" or "cluster", once connected
         self.manager: Any = None
         self.trainer: Any = None
         self.control_plane: Any = None
@@ -165,7 +166,7 @@ class Driver:
         from relax.training.actor import TrainerConfig
         from relax.training.group import TrainerGroup
 
-        mode = connect(
+        mode = self.mode = connect(
             self.plan,
             runtime_env={
                 "env_vars": {
@@ -446,8 +447,13 @@ class Driver:
         if self.trainer is not None:
             self.trainer.shutdown()
         remove_groups(self.groups)
+        from relax.cluster.embedded import current_session_dir, stop_session
+
+        session = current_session_dir() if self.mode == "embedded" else None
         if ray.is_initialized():
             ray.shutdown()
+        if session is not None:  # nothing of the embedded cluster outlives the driver (Ray's agents can)
+            stop_session(session, why="the driver is exiting")
 
 
 class _Progress:

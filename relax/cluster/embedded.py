@@ -1,0 +1,133 @@
+"""The embedded Ray cluster leaves nothing behind, and what a killed driver left is stopped next time.
+
+A driver that starts its own cluster (``start_local``) owns a Ray session directory
+(``<ray temp>/session_<date>_<pid>``). Every process of that cluster — GCS, raylet, workers, and the
+dashboard and runtime-env agents — keeps log files open in it, which is how its processes are found
+without guessing from names (Ray rewrites their titles to ``ray::...``).
+
+Two paths:
+
+* **Normal exits** (end of run, failure, SIGTERM at any moment): after ``ray.shutdown()`` the driver calls
+  :func:`stop_session` on its own session; anything still holding files there after a short grace is
+  stopped (measured: Ray's two agents can outlive a shutdown early in start-up, ignoring SIGTERM).
+* **A driver killed by pid** (``kill -9``, the OOM killer) runs no code: its raylet and workers exit on
+  their own within seconds, but the agents stay. Each embedded session is marked with
+  ``relax-embedded.json`` (driver pid and start time); the next ``start_local`` finds marked sessions whose
+  driver is gone and stops their processes, naming each in the log. Sessions without the marker (a
+  user's own ``ray start``, another tool) are never touched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+__all__ = ["MARKER", "clean_stale_sessions", "mark_session", "session_processes", "stop_session"]
+
+log = logging.getLogger("relax.cluster")
+
+MARKER = "relax-embedded.json"
+
+
+def ray_temp_root() -> Path:
+    return Path(os.environ.get("RAY_TMPDIR") or tempfile.gettempdir()) / "ray"
+
+
+def current_session_dir() -> Path | None:
+    """This process's Ray session directory (a private Ray API: None when it moves)."""
+    try:
+        from ray._private import worker
+
+        node = worker._global_node  # noqa: SLF001
+        return None if node is None else Path(node.get_session_dir_path())
+    except Exception:  # noqa: BLE001 - best effort across Ray versions
+        return None
+
+
+def mark_session(session_dir: Path) -> None:
+    """Record that this process owns the embedded cluster of ``session_dir``."""
+    me = psutil.Process()
+    (session_dir / MARKER).write_text(json.dumps({"driver_pid": me.pid, "driver_started": me.create_time()}))
+
+
+def _under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root + os.sep)
+
+
+def session_processes(session_dir: Path, *, exclude: set[int] | None = None) -> list[psutil.Process]:
+    """Live processes holding files in ``session_dir`` or naming it on their command line."""
+    root = str(session_dir.resolve())
+    skip = {os.getpid(), *(exclude or set())}
+    found = []
+    for proc in psutil.process_iter():
+        if proc.pid in skip:
+            continue
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            if any(root in arg for arg in proc.cmdline()) or any(_under(f.path, root) for f in proc.open_files()):
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def _describe(proc: psutil.Process) -> str:
+    with contextlib.suppress(psutil.Error):
+        return f"pid {proc.pid} {' '.join(proc.cmdline())[:80] or proc.name()}"
+    return f"pid {proc.pid}"
+
+
+def stop_session(session_dir: Path, *, grace_s: float = 3.0, why: str = "") -> list[str]:
+    """Stop what still runs in ``session_dir`` after ``grace_s`` (SIGTERM, then SIGKILL); returns what was stopped."""
+    deadline = time.monotonic() + grace_s
+    left = session_processes(session_dir)
+    while left and time.monotonic() < deadline:  # Ray's own shutdown may still be finishing
+        time.sleep(0.2)
+        left = session_processes(session_dir)
+    stopped = [_describe(p) for p in left]
+    for proc in left:
+        with contextlib.suppress(psutil.Error):
+            proc.terminate()
+    _, alive = psutil.wait_procs(left, timeout=2.0)
+    for proc in alive:  # the agents ignore SIGTERM once their raylet is gone
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(alive, timeout=2.0)
+    for item in stopped:
+        log.warning("stopped a leftover of the embedded Ray cluster in %s%s: %s", session_dir.name,
+                    f" ({why})" if why else "", item)
+    return stopped
+
+
+def _driver_alive(record: dict) -> bool:
+    try:
+        proc = psutil.Process(int(record["driver_pid"]))
+        return abs(proc.create_time() - float(record["driver_started"])) < 1.0  # not a reused pid
+    except (psutil.NoSuchProcess, KeyError, ValueError, TypeError):
+        return False
+
+
+def clean_stale_sessions(root: Path | None = None) -> list[str]:
+    """Stop the processes of marked embedded sessions whose driver is gone; returns what was stopped."""
+    stopped: list[str] = []
+    base = root or ray_temp_root()
+    for marker in sorted(base.glob(f"session_*/{MARKER}")):
+        try:
+            record = json.loads(marker.read_text())
+        except (OSError, ValueError):
+            continue
+        if _driver_alive(record):
+            continue
+        stopped += stop_session(marker.parent, grace_s=0.0,
+                                why=f"its driver pid {record.get('driver_pid')} is gone")
+        with contextlib.suppress(OSError):
+            marker.rename(marker.with_name("relax-embedded.cleaned.json"))
+    return stopped

@@ -1,0 +1,139 @@
+"""The driver dies the hard ways, and nothing of its run survives: by-pid SIGKILL, SIGTERM in start-up.
+
+Real driver (``python -m relax.entrypoints.train``) with its embedded Ray cluster and two built-in engines on
+the tiny preset. What a run started is found as the platform sees it: every process holding files in the
+run's Ray session directory, and every engine guard/server whose command line names this run's model copy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from relax.cluster.embedded import MARKER, clean_stale_sessions, ray_temp_root, session_processes
+from relax.cluster.network import free_port
+from relax.demo.local import train_argv
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+
+
+def _start(preset, out: Path) -> tuple[subprocess.Popen[bytes], Path]:
+    argv = train_argv(preset, out, num_rollout=1000, trainer_gpus=1, rollout_gpus=2,
+                      extra=("--api-port", str(free_port())))
+    log = out.parent / f"{out.name}.log"
+    with log.open("wb") as fh:
+        proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+    return proc, log
+
+
+def _wait_log(proc: subprocess.Popen[bytes], log: Path, marker: str, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while marker not in log.read_text(errors="replace"):
+        assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
+        assert time.monotonic() < deadline, f"{marker!r} not in the driver's log after {timeout}s"
+        time.sleep(0.2)
+
+
+def _session_of(pid: int) -> Path:
+    (session,) = [p.parent for p in ray_temp_root().glob(f"session_*_{pid}/{MARKER}")]
+    return session
+
+
+def _engine_processes(session: Path) -> list[psutil.Process]:
+    """Guards (and their servers) whose owner is a worker of this run's cluster."""
+    workers = {p.pid for p in session_processes(session)}
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            argv = proc.cmdline()
+            if "relax.engines.guard" in argv and int(argv[argv.index("--owner-pid") + 1]) in workers:
+                found.append(proc)
+                found.extend(proc.children(recursive=True))
+        except (psutil.Error, ValueError, IndexError):
+            continue
+    return found
+
+
+def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
+    out = []
+    for p in procs:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.NoSuchProcess:
+            continue
+    return out
+
+
+def _wait_none(procs_fn, timeout: float) -> float:
+    began = time.monotonic()
+    while procs := procs_fn():
+        assert time.monotonic() - began < timeout, [p.pid for p in procs]
+        time.sleep(0.2)
+    return time.monotonic() - began
+
+
+def _cleanup(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
+
+def test_a_driver_killed_by_pid_leaves_only_what_the_next_start_stops(tiny_preset, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc, log = _start(tiny_preset, out)
+    try:
+        _wait_log(proc, log, "initial engine(s) ACTIVE")
+        session = _session_of(proc.pid)
+        engines = _engine_processes(session)
+        assert len([p for p in engines if "relax.engines.guard" in p.cmdline()]) == 2
+        killed_at = time.monotonic()
+        os.kill(proc.pid, signal.SIGKILL)  # by pid only: nothing of the driver's code runs
+        proc.wait(timeout=30)
+        # the engines go with their workers (the guards see their owners die)
+        engines_gone = _wait_none(lambda: _alive(engines), timeout=90)
+        # Ray's raylet and workers exit by themselves; its two agents stay (measured): those are left
+        deadline = time.monotonic() + 30
+        while len(left := session_processes(session)) > 2 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        left_names = sorted(p.name() for p in _alive(left))
+        # what the next start does first: stop the leftovers of marked sessions whose driver is gone
+        stopped = clean_stale_sessions()
+        assert len(stopped) >= len(left_names)
+        assert _wait_none(lambda: session_processes(session), timeout=15) < 15
+        assert not (session / MARKER).exists()  # marked as cleaned: never looked at again
+        print(f"driver SIGKILLed: engines gone after {engines_gone:.1f}s; left for the next start: {left_names}; "
+              f"total {time.monotonic() - killed_at:.1f}s")
+    finally:
+        _cleanup(proc)
+
+
+def test_a_driver_sigtermed_during_start_up_leaves_nothing(tiny_preset, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc, log = _start(tiny_preset, out)
+    try:
+        _wait_log(proc, log, "placement groups ready")  # Ray is up, the engines are starting
+        session = _session_of(proc.pid)
+        workers = session_processes(session)
+        began = time.monotonic()
+        os.kill(proc.pid, signal.SIGTERM)
+        code = proc.wait(timeout=120)
+        exited = time.monotonic() - began
+        assert code != 0 or "stopping" in log.read_text(errors="replace")
+        assert _wait_none(lambda: session_processes(session), timeout=10) < 10
+        assert _wait_none(lambda: _alive(workers), timeout=30) < 30  # incl. the engines' actors (and so the engines)
+        leftover_guards = [p for p in psutil.process_iter() if "relax.engines.guard" in " ".join(p.cmdline())
+                           and any(f"--owner-pid {w.pid} " in " ".join(p.cmdline()) + " " for w in workers)]
+        assert not _alive(leftover_guards)
+        assert "Traceback" not in log.read_text(errors="replace")
+        print(f"driver SIGTERMed in start-up: exited (code {code}) after {exited:.1f}s, nothing left")
+    finally:
+        _cleanup(proc)
