@@ -12,6 +12,7 @@ import signal
 import time
 
 import httpx
+import psutil
 import pytest
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
@@ -152,19 +153,42 @@ def test_publication_under_load_pauses_only_for_the_load_and_loses_nothing(stack
           "load", {eid: round(t["load_s"], 3) for eid, t in syncs.items()})
 
 
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 def test_requests_survive_an_engine_dying(stack) -> None:
-    """A request whose engine dies is retried on another engine: nothing is lost, the dead one is FAILED."""
+    """A request whose engine dies is retried on another engine: nothing is lost, the dead one is FAILED.
+
+    Two deaths, one per parametrisation: the server process SIGKILLed, and (as a raylet dying or the OOM
+    killer does it) the EngineActor's Ray worker SIGKILLed by pid, which must take its server with it.
+    """
     manager, _, path = stack
     engines = [e for e in ray.get(manager.engines.remote()) if e["status"] == "ACTIVE"]
     victim = engines[0]["engine_id"]
-    pid = ray.get(manager.engine_process.remote(victim))["pid"]
-    os.kill(pid, signal.SIGKILL)
-    params = {"max_new_tokens": 4, "temperature": 1.0}
+    info = ray.get(manager.engine_process.remote(victim))
+    params = {"max_new_tokens": 32, "temperature": 1.0, "ignore_eos": True}
     refs = [manager.generate.remote(f"g{i}", [1, 2, 3], params) for i in range(8)]
+    deadline = time.monotonic() + 60
+    while not all(e["in_flight"] > 0 for e in ray.get(manager.engines.remote()) if e["status"] == "ACTIVE"):
+        assert time.monotonic() < deadline, "the requests never reached both engines"
+        time.sleep(0.02)
+    killed_at = time.monotonic()
+    os.kill(info["actor_pid"] if path == "broadcast" else info["pid"], signal.SIGKILL)
+    while not _gone(info["pid"]):  # a dead actor's server goes with it (relax.engines.guard)
+        assert time.monotonic() - killed_at < 15, f"the server (pid {info['pid']}) outlived its actor"
+        time.sleep(0.05)
+    server_gone_s = time.monotonic() - killed_at
     outs = ray.get(refs, timeout=120)
-    assert len(outs) == 8 and all(o.output["meta_info"]["completion_tokens"] > 0 for o in outs)
-    states = {e["engine_id"]: e["status"] for e in ray.get(manager.engines.remote())}
-    assert states[victim] == "FAILED"
+    assert len(outs) == 8 and all(o.output["meta_info"]["completion_tokens"] == 32 for o in outs)
+    while (state := {e["engine_id"]: e["status"] for e in ray.get(manager.engines.remote())}[victim]) == "ACTIVE":
+        assert time.monotonic() - killed_at < 30, "the dead engine was never taken out"
+        time.sleep(0.1)
+    failed_s = time.monotonic() - killed_at
+    assert state == "FAILED"
     events = ray.get(manager.recent_events.remote(20))
     assert any(e["kind"] == "engine_failed" and victim in e["engine_ids"] for e in events)
 
@@ -176,6 +200,8 @@ def test_requests_survive_an_engine_dying(stack) -> None:
     while len(restarted()) < 2:
         assert time.monotonic() < deadline, "the failed initial engine was not replaced"
         time.sleep(0.2)
+    print(f"{'EngineActor worker' if path == 'broadcast' else 'engine server'} SIGKILLed: server gone "
+          f"{server_gone_s:.1f}s, FAILED {failed_s:.1f}s, replacement ACTIVE {time.monotonic() - killed_at:.1f}s")
     replacement = next(e for e in restarted() if e["engine_id"] not in {x["engine_id"] for x in engines})
     latest = ray.get(manager.status.remote())["latest_published"]
     assert replacement["kind"] == "initial" and replacement["weight_version"] == latest >= 1
