@@ -77,9 +77,13 @@ def run(owner_pid: int, argv: Sequence[str], *, poll_s: float = POLL_S, grace_s:
     while True:
         try:
             code = child.wait(timeout=poll_s)
-            return code if code >= 0 else 128 - code
         except subprocess.TimeoutExpired:
             pass
+        else:
+            if code < 0:  # the server died of a signal: die of the same one, so our owner sees what it saw
+                signal.signal(-code, signal.SIG_DFL)
+                os.kill(os.getpid(), -code)
+            return code
         if not stopping.is_set() and not owner_alive(owner_pid):
             print(f"relax guard: owner pid {owner_pid} is gone; stopping server pid {child.pid} and its process "
                   "group", file=sys.stderr, flush=True)
