@@ -57,6 +57,13 @@ class WeightSyncPauseMode(str, Enum):
     NONE = "none"  # load unpaused: SGLang then waits for every in-flight request and blocks new ones
 
 
+class UnfinishedRequests(str, Enum):
+    """What happens to a request still running on an engine that leaves once its drain budget is spent."""
+
+    MIGRATE = "migrate"  # abort it and continue on another engine from the tokens it has (relax.rollout.migration)
+    RETRY = "retry"  # abort it and generate it again from the prompt elsewhere
+
+
 class WeightSync(str, Enum):
     """How a new version reaches the engines (docs/architecture.md, "Weights and staleness")."""
 
@@ -103,6 +110,7 @@ class TrainArgs:
     scale_out_timeout: float = 300.0
     scale_out_partial_success_policy: PartialSuccessPolicy = PartialSuccessPolicy.ROLLBACK_ALL
     scale_in_drain_timeout: float = 30.0
+    scale_in_unfinished: UnfinishedRequests = UnfinishedRequests.MIGRATE
     scale_in_shutdown_timeout: float = 30.0
     # Model and data
     hf_checkpoint: str | None = None
@@ -294,7 +302,13 @@ def _add_scaling_flags(group: argparse._ArgumentGroup) -> None:
                        metavar=argtypes.choices_metavar(PartialSuccessPolicy),
                        help="when only some new engines come up (default rollback_all)")
     group.add_argument("--scale-in-drain-timeout", type=argtypes.positive_float, default=30.0, metavar="SECS",
-                       help="wait for in-flight requests before aborting and retrying them (default 30)")
+                       help="wait for in-flight requests before aborting them (default 30); see "
+                            "--scale-in-unfinished")
+    group.add_argument("--scale-in-unfinished", type=argtypes.enum_type(UnfinishedRequests),
+                       default=UnfinishedRequests.MIGRATE, metavar=argtypes.choices_metavar(UnfinishedRequests),
+                       help="requests still running when an engine leaves (scale-in past the drain timeout, an "
+                            "eviction): migrate (default: continue on another engine from the tokens generated "
+                            "so far) or retry (generate again from the prompt)")
     group.add_argument("--scale-in-shutdown-timeout", type=argtypes.positive_float, default=30.0, metavar="SECS",
                        help="graceful engine shutdown before kill (default 30)")
 

@@ -31,6 +31,7 @@ from typing import Any, Protocol
 from relax.engines.client import EngineClient, EngineError
 from relax.rollout.broadcast import BroadcastSettings, EngineGroup, close_group, open_group, send_version
 from relax.rollout.events import EventKind, EventLog
+from relax.rollout.eviction import Eviction, EvictionSettings, plan_evictions
 from relax.rollout.launcher import EngineLauncher, EngineSlot
 from relax.rollout.pool import EngineKind, EnginePool, EngineState
 from relax.rollout.router import Router
@@ -43,6 +44,7 @@ HEALTH_TIMEOUT_S = 20.0
 HEALTH_FAILURES_BEFORE_FAILED = 3  # consecutive /health failures of a live process = hung
 RESTART_ATTEMPTS = 3  # a lost initial engine is restarted in its bundle this many times, backing off
 RESTART_BACKOFF_S = 2.0
+DRAIN_POLL_S = 1.0  # how often Ray's draining nodes are read (Ray Serve: 0.1 s; a notice gives >= 15 s)
 
 
 class EngineHTTP(Protocol):
@@ -97,6 +99,8 @@ class FleetSettings:
     engine_api_key: str | None = field(default=None, repr=False)
     #: Group backend and deadlines of broadcast weight updates (versions published with a sender).
     broadcast: BroadcastSettings = field(default_factory=BroadcastSettings)
+    #: Budgets of evictions from Ray's drain notices (safety margin, default when no deadline is given).
+    eviction: EvictionSettings = field(default_factory=EvictionSettings)
 
 
 class EngineFleet:
@@ -113,6 +117,7 @@ class EngineFleet:
         *,
         client_factory: Callable[[str, float, str | None], EngineHTTP] | None = None,
         on_change: Callable[[], None] = lambda: None,
+        drain_notices: Callable[[], Mapping[str, int] | None] | None = None,
     ) -> None:
         self.pool = pool
         self.router = router
@@ -135,6 +140,9 @@ class EngineFleet:
         self._background: set[asyncio.Task[Any]] = set()
         self._sync_task: asyncio.Task[None] | None = None
         self._health_task: asyncio.Task[None] | None = None
+        self._drain_task: asyncio.Task[None] | None = None
+        self._drain_notices = drain_notices
+        self.last_evictions: dict[str, dict[str, Any]] = {}  # per evicted engine: notice → gone, requests moved
         self._shutting_down = False
 
     # ------------------------------------------------------------------ views
@@ -166,6 +174,8 @@ class EngineFleet:
             )
         if self._health_task is None:
             self._health_task = asyncio.create_task(self._health_loop())
+        if self._drain_task is None and self._drain_notices is not None:
+            self._drain_task = asyncio.create_task(self._drain_loop())
         return [self.pool.get(r.engine_id).to_dict() for r in records]
 
     async def bring_up(self, engine_id: str, slot: EngineSlot | None, url: str | None = None) -> None:
@@ -524,6 +534,52 @@ class EngineFleet:
                            engine_ids=engine_id)
         await self._replace_initial(engine_id, slot, "evicted")
 
+    async def evict(self, eviction: Eviction) -> None:
+        """A drain notice for the engine's node: out of routing now, in-flight work finished or migrated within
+        the budget, then the server stopped and the group removed, all before the node's deadline."""
+        engine_id = eviction.engine_id
+        if engine_id not in self.pool or self.pool.get(engine_id).state is not EngineState.ACTIVE:
+            return
+        noticed = time.monotonic()
+        deadline = (f"deadline in {max(0.0, eviction.deadline_ms / 1000 - time.time()):.0f}s"
+                    if eviction.deadline_ms else "no deadline given")
+        self.events.append(EventKind.ENGINE_EVICTED, f"node {eviction.node_id[:12]} draining ({deadline}): "
+                           f"{eviction.budget_s:.0f}s to finish or migrate in-flight requests", engine_ids=engine_id)
+        log.warning("%s evicted (node %s draining, %s): %.1fs to finish or migrate its requests", engine_id,
+                    eviction.node_id[:12], deadline, eviction.budget_s)
+        slot = self._slots.get(engine_id)
+        aborted = await self.retire(engine_id, force=eviction.budget_s <= 0, drain_timeout_s=eviction.budget_s,
+                                    reason="evicted")
+        gone_s = time.monotonic() - noticed
+        self.events.append(EventKind.ENGINE_STATE, f"evicted engine removed {gone_s:.1f}s after the notice "
+                           f"({aborted} request(s) moved to other engines)", engine_ids=engine_id)
+        self.last_evictions[engine_id] = {"node_id": eviction.node_id, "budget_s": eviction.budget_s,
+                                          "notice_to_gone_s": gone_s, "moved_requests": aborted,
+                                          "gone_before_deadline": not eviction.deadline_ms
+                                          or time.time() * 1000 < eviction.deadline_ms}
+        await self._replace_initial(engine_id, slot, "evicted")
+
+    async def _drain_loop(self) -> None:
+        """Read Ray's draining nodes about once a second and evict the engines they host."""
+        evicting: set[str] = set()
+        while not self._shutting_down:
+            await asyncio.sleep(DRAIN_POLL_S)
+            try:
+                draining = await asyncio.to_thread(self._drain_notices)
+            except Exception as exc:  # noqa: BLE001 - a broken read must never stop the loop
+                log.debug("drain notices: %s", exc)
+                continue
+            if not draining:
+                continue
+            by_node: dict[str, list[str]] = {}
+            for record in self.pool.active():
+                if record.node_id:
+                    by_node.setdefault(record.node_id, []).append(record.engine_id)
+            for eviction in plan_evictions(draining, by_node, int(time.time() * 1000), evicting,
+                                           self.settings.eviction):
+                evicting.add(eviction.engine_id)
+                self._spawn(self.evict(eviction))
+
     async def _health_loop(self) -> None:
         """Probe ACTIVE engines; a dead or repeatedly unhealthy one is failed and its requests retried."""
         failures: dict[str, int] = {}
@@ -554,7 +610,7 @@ class EngineFleet:
     async def shutdown(self) -> None:
         """Stop every engine (process, client, owned placement group) and every background task."""
         self._shutting_down = True
-        for task in [self._sync_task, self._health_task, *self._background]:
+        for task in [self._sync_task, self._health_task, self._drain_task, *self._background]:
             if task is not None:
                 task.cancel()
         await asyncio.gather(*(self._release(eid, grace_s=5.0) for eid in self.launcher.engine_ids()),

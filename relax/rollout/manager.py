@@ -19,9 +19,12 @@ import logging
 import os
 import time
 import uuid
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
+from relax.cluster.drain import draining_nodes
 from relax.data.buffer import SampleBuffer
 from relax.data.dataset import PromptCursor, PromptStream, load_prompt_data
 from relax.data.rewards import get_reward_fn
@@ -37,6 +40,7 @@ from relax.rollout.executor import ScaleExecutor, ScalingSettings
 from relax.rollout.fleet import EngineFleet, FleetSettings
 from relax.rollout.generator import Generation, SamplingSettings, generate_group
 from relax.rollout.launcher import RayEngineLauncher, resolve_backend, resolve_engine_host
+from relax.rollout.migration import Next, Segment, continue_after, stitch
 from relax.rollout.pool import EnginePool
 from relax.rollout.router import (
     FailureKind,
@@ -92,11 +96,52 @@ class ManagerConfig:
     # Broadcast weight updates (versions published with a sender): group backend and per-step deadline
     weight_broadcast_backend: str = "gloo"
     weight_broadcast_timeout_s: float = 60.0
+    # A request aborted because its engine left continues on another engine from where it stopped
+    # (relax.rollout.migration) instead of starting again; False: start again (the tokens are regenerated)
+    migrate_in_flight: bool = True
     # SGLang's --api-key (from RELAX_SGLANG_API_KEY): passed to every SGLang server and sent on every engine call
     engine_api_key: str | None = field(default=None, repr=False)
     engine_host: str = "auto"
     sglang_mem_fraction_static: float | None = None
     sglang_extra_args: tuple[str, ...] = ()
+
+
+@dataclass
+class MigrationStats:
+    """Tokens kept by migration vs thrown away and generated again, over the run (Relax /metrics, status)."""
+
+    migrated_requests: int = 0
+    tokens_kept: int = 0
+    tokens_regenerated: int = 0
+    restarts: int = 0
+
+    def kept(self, tokens: int) -> None:
+        self.tokens_kept += tokens
+
+    def regenerated(self, tokens: int, why: str) -> None:
+        self.tokens_regenerated += tokens
+        self.restarts += 1
+        if tokens:
+            log.info("%d generated token(s) thrown away and regenerated (%s)", tokens, why)
+
+    def completed(self, segments: int) -> None:
+        if segments > 1:
+            self.migrated_requests += 1
+
+    def to_dict(self) -> dict[str, Any]:
+        total = self.tokens_kept + self.tokens_regenerated
+        return {**asdict(self), "tokens_kept_fraction": self.tokens_kept / total if total else None}
+
+
+def _max_context(model_path: str) -> int | None:
+    """The engines' context length (one model everywhere): what a migrated prefix must fit."""
+    try:
+        import json
+
+        value = json.loads((Path(model_path) / "config.json").read_text()).get("max_position_embeddings")
+        return int(value) if value else None
+    except (OSError, ValueError, TypeError):
+        return None
 
 
 @dataclass
@@ -155,6 +200,7 @@ class RolloutManager:
                               ranks_per_engine=config.gpus_per_engine if resolve_backend(config.backend) == "sglang"
                               else 1)),
             on_change=self._state_changed.set,
+            drain_notices=draining_nodes,
         )
         self.executor = ScaleExecutor(
             self.pool, self.fleet, self.event_log,
@@ -172,6 +218,10 @@ class RolloutManager:
         self._prompt_ids_cache: dict[int, list[int]] = {}
         self._training: dict[str, Any] = {}
         self._weight_source: tuple[Any, RayWeightSource] | None = None  # (trainer rank 0 handle, its source)
+        self.migration = MigrationStats()
+        eos = self.tokenizer.eos_token_id
+        self._eos_ids: frozenset[int] = frozenset() if eos is None else frozenset({int(eos)})
+        self._max_context = _max_context(config.model_path)
 
     def _launcher(self) -> RayEngineLauncher:
         """Engine processes as Ray actors; SIGTERM on one of them reaches :meth:`notify_eviction`."""
@@ -233,6 +283,8 @@ class RolloutManager:
         """
         excluded: frozenset[str] = frozenset()
         attempt = 0
+        segments: list[Segment] = []  # what engines that left generated before they aborted it (migration)
+        ids, params = list(input_ids), dict(sampling_params)
         while True:
             attempt += 1
             engine_id = await self._acquire(group_key, excluded)
@@ -244,8 +296,8 @@ class RolloutManager:
                 await self.fleet.wait_not_syncing(engine_id)  # a weight load in progress: hold it here
                 version = self.pool.get(engine_id).weight_version or 0
                 out = await self.fleet.client(engine_id).generate(
-                    input_ids=input_ids,
-                    sampling_params=sampling_params,
+                    input_ids=ids,
+                    sampling_params=params,
                     return_logprob=True,
                     rid=uuid.uuid4().hex,
                     timeout=self.cfg.request_timeout_s,
@@ -260,14 +312,41 @@ class RolloutManager:
                 failure = failure_from_finish_reason(out["meta_info"].get("finish_reason"))
                 if failure is None:
                     self._tokens_generated += int(out["meta_info"].get("completion_tokens", 0))
-                    return Generation(engine_id=engine_id, output=out, dispatch_version=version)
+                    if not segments:
+                        return Generation(engine_id=engine_id, output=out, dispatch_version=version)
+                    final = [*segments, Segment.from_output(engine_id, out, version)]
+                    return self._stitched(engine_id, final, len(input_ids), out["meta_info"]["finish_reason"])
                 error = RuntimeError(f"aborted on {engine_id}")
+                self._tokens_generated += int(out["meta_info"].get("completion_tokens", 0))
+                if self.cfg.migrate_in_flight:
+                    part = Segment.from_output(engine_id, out, version)
+                    if len(part):
+                        segments.append(part)
+                    decision = continue_after(input_ids, sampling_params, segments, eos_ids=self._eos_ids,
+                                              max_context=self._max_context)
+                    if decision.next is Next.COMPLETE:
+                        assert decision.finish_reason is not None
+                        return self._stitched(engine_id, segments, len(input_ids), decision.finish_reason)
+                    if decision.next is Next.CONTINUE:
+                        self.migration.kept(len(part))
+                        ids, params = list(decision.input_ids), dict(decision.sampling_params)
+                    else:
+                        self.migration.regenerated(sum(len(x) for x in segments), decision.reason)
+                        segments, ids, params = [], list(input_ids), dict(sampling_params)
+                else:
+                    self.migration.regenerated(int(out["meta_info"].get("completion_tokens", 0)), "retry")
             if failure is FailureKind.ENGINE_UNAVAILABLE and error is not None:
                 await self.fleet.on_engine_failure(engine_id, error)
             decision = self.retry_policy.decide(failure, attempt=attempt, engine_id=engine_id, excluded=excluded)
             if not decision:
                 raise SampleLostError(f"request failed on {engine_id}: {decision.reason}: {error}") from error
             excluded = decision.exclude
+
+    def _stitched(self, engine_id: str, segments: list[Segment], prompt_tokens: int,
+                  finish_reason: Mapping[str, Any]) -> Generation:
+        self.migration.completed(len(segments))
+        return Generation(engine_id=engine_id, output=stitch(segments, prompt_tokens, finish_reason),
+                          dispatch_version=min(s.dispatch_version for s in segments))
 
     async def _acquire(self, group_key: str, excluded: frozenset[str] = frozenset()) -> str:
         while True:
@@ -416,6 +495,8 @@ class RolloutManager:
             "tokens_generated": self._tokens_generated,
             "latest_published": self.weights.latest_version or 0,
             "weight_syncs": {eid: dict(t) for eid, t in self.fleet.last_syncs.items()},
+            "migration": self.migration.to_dict(),
+            "evictions": {eid: dict(e) for eid, e in self.fleet.last_evictions.items()},
         }
 
     async def report_training(self, metrics: dict[str, Any]) -> None:
@@ -454,6 +535,9 @@ class RolloutManager:
             "trainer_wait_fraction": self._training.get("trainer_wait_fraction", 0.0),
             "staleness_blocked_fraction": self.gate.blocked_fraction(),
             "buffer_waiting_partitions": self.buffer.num_waiting_partitions(),
+            "migration_tokens_kept": self.migration.tokens_kept,
+            "migration_tokens_regenerated": self.migration.tokens_regenerated,
+            "migrated_requests": self.migration.migrated_requests,
             "tokens_generated": self._tokens_generated,
         }
 

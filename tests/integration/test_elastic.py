@@ -142,6 +142,44 @@ def test_scale_in_drains_for_real_and_loses_nothing(elastic) -> None:
     assert status in (400, 422) and "num_replicas" in str(body)
 
 
+def test_scale_in_past_its_drain_budget_migrates_unfinished_requests(elastic) -> None:
+    """Requests still running when the drain budget is spent continue on another engine from their tokens."""
+    status, body = call(elastic, "scale_out", {"num_replicas": 2})
+    assert status == 200 and finished(elastic, "scale_out", body["request_id"])["status"] == "ACTIVE"
+    victim = next(e for e in engines(elastic) if e["kind"] == "elastic" and e["status"] == "ACTIVE")
+    before = ray.get(elastic.status.remote())["migration"]
+    params = {"max_new_tokens": 200, "temperature": 1.0, "ignore_eos": True}
+    in_flight = [elastic.generate.remote(f"migrate-{i}", [1, 2, 3, 4], params) for i in range(8)]
+
+    def victim_generated() -> int:
+        return httpx.get(f"{victim['url']}/server_info", timeout=10).json()["stats"]["generated_tokens"]
+
+    started = victim_generated()
+    # let the victim generate part of its requests, then freeze it: they are mid-way, by construction
+    wait_until(lambda: victim_generated() - started >= 40, 60, "the victim to generate")
+    assert httpx.post(f"{victim['url']}/pause_generation", json={"mode": "in_place"}, timeout=30).status_code == 200
+    status, body = call(elastic, "scale_in", {"num_replicas": 1, "timeout_secs": 1})
+    assert status == 200, body
+    outs = ray.get(in_flight, timeout=180)
+    assert finished(elastic, "scale_in", body["request_id"])["status"] == "COMPLETED"
+    assert len(outs) == 8 and all(o.output["meta_info"]["completion_tokens"] == 200 for o in outs)
+    migrated = [o for o in outs if len(o.output["meta_info"].get("segments", ())) > 1]
+    assert migrated, [o.engine_id for o in outs]
+    for o in migrated:
+        meta = o.output["meta_info"]
+        first, *rest = meta["segments"]
+        assert first["engine_id"] == victim["engine_id"] and 0 < first["tokens"] < 200
+        assert sum(s["tokens"] for s in meta["segments"]) == 200 == len(o.output["output_ids"])
+        assert len(meta["output_token_logprobs"]) == 200  # every token keeps its rollout log-prob (TIS)
+        assert meta["weight_versions"][0]["start"] == 0 and meta["weight_versions"][-1]["end"] == 200
+    after = ray.get(elastic.status.remote())["migration"]
+    kept = after["tokens_kept"] - before["tokens_kept"]
+    assert kept == sum(o.output["meta_info"]["segments"][0]["tokens"] for o in migrated)
+    assert after["tokens_regenerated"] == before["tokens_regenerated"]
+    assert after["migrated_requests"] - before["migrated_requests"] == len(migrated)
+    print(f"scale-in past the drain budget: {len(migrated)} request(s) migrated, {kept} tokens kept, 0 regenerated")
+
+
 @pytest.mark.parametrize("body,field", [
     ({"num_replicas": -1}, "num_replicas"),
     ({"num_replicas": "2"}, "num_replicas"),

@@ -1,0 +1,171 @@
+"""A preemption notice on a local elastic cluster, with generations in flight: what is kept, what is lost.
+
+Used by ``tests/e2e/test_preemption.py`` and ``benchmarks/eviction.py``. Real parts: a local elastic cluster
+(``relax.cluster.local_elastic``: a Ray head plus fake nodes its autoscaler adds), a ``RolloutManager`` with
+one initial engine on the head and one elastic engine on an autoscaled node, built-in engines on the tiny
+preset, and the notice sent through Ray's GCS drain API with reason PREEMPTION and a deadline, exactly as a
+provider's hook would (``relax.cluster.drain.drain_node``).
+
+Generation on the tiny model is far too fast to still be running when a notice lands, so the elastic engine
+is frozen (``/pause_generation`` in place) once it has produced part of its requests: it stands in for an
+engine in the middle of long responses. Modes:
+
+* ``migrate``: budget = deadline − margin; what is unfinished then is aborted and continued elsewhere;
+* ``retry``: the same budget, then the unfinished requests start again from their prompts;
+* ``abort``: a deadline already past: everything on the engine is aborted at once and started again
+  (what a framework without drain handling does).
+
+Run ``python -m relax.testing.eviction_scenario --modes migrate --json`` (one JSON line per mode, last).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+N_REQUESTS = 8
+MAX_NEW_TOKENS = 200
+
+
+def _wait(predicate: Any, timeout: float, what: str, poll_s: float = 0.1) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not within {timeout:.0f}s")
+        time.sleep(poll_s)
+
+
+def run_mode(mode: str, cluster: Any, preset: Any, deadline_s: float) -> dict[str, Any]:
+    import httpx
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    from relax.cluster.drain import drain_node
+    from relax.rollout.generator import SamplingSettings
+    from relax.rollout.manager import ManagerConfig, RolloutManager
+    from relax.rollout.scaling import ScaleOutSpec
+
+    baseline = placement_group([{"GPU": 1, "CPU": 1, "stable_gpu": 1, "stable_cpu": 1}], strategy="PACK")
+    ray.get(baseline.ready(), timeout=60)
+    config = ManagerConfig(
+        model_path=str(preset.model_dir), prompt_data=str(preset.train_path), num_rollout=1, rollout_batch_size=1,
+        sampling=SamplingSettings(n_samples=1, max_new_tokens=8), apply_chat_template=True, rm_type="tiny",
+        max_engines=2, scale_out_timeout_s=120, scale_in_drain_timeout_s=30, scale_in_shutdown_timeout_s=5,
+        migrate_in_flight=mode == "migrate",
+    )
+    manager = ray.remote(RolloutManager).options(max_concurrency=1000, num_cpus=0,
+                                                 resources={"stable_cpu": 0.01}).remote(config)
+    try:
+        ray.get(manager.start_initial_engines.remote([(baseline, 0)]), timeout=180)
+        request = ray.get(manager.scale_out.remote(ScaleOutSpec(num_replicas=2)), timeout=60)
+
+        def elastic() -> dict[str, Any] | None:
+            return next((e for e in ray.get(manager.engines.remote())
+                         if e["kind"] == "elastic" and e["status"] == "ACTIVE"), None)
+
+        victim = _wait(elastic, 180, f"the elastic engine of {request['request_id']}", poll_s=0.5)
+        url = victim["url"]
+
+        def generated() -> int:
+            return int(httpx.get(f"{url}/server_info", timeout=10, trust_env=False).json()["stats"]["generated_tokens"])
+
+        params = {"max_new_tokens": MAX_NEW_TOKENS, "temperature": 1.0, "ignore_eos": True}
+        base = generated()
+        refs = [manager.generate.remote(f"evict-{i}", [1, 2, 3, 4], params) for i in range(N_REQUESTS)]
+        _wait(lambda: generated() - base >= 40, 60, "the elastic engine to start generating", poll_s=0.01)
+        httpx.post(f"{url}/pause_generation", json={"mode": "in_place"}, timeout=10, trust_env=False)
+        before_notice = generated() - base
+        before = ray.get(manager.status.remote())["migration"]
+        notice_at = time.monotonic()
+        accepted, why = drain_node(victim["node_id"], -1.0 if mode == "abort" else deadline_s,
+                                   message=f"relax eviction scenario ({mode})")
+        if not accepted:
+            raise RuntimeError(f"the drain request was refused: {why}")
+        lost = 0
+        outs = []
+        for ref in refs:
+            try:
+                outs.append(ray.get(ref, timeout=300))
+            except Exception:  # noqa: BLE001 - a lost sample is what is measured
+                lost += 1
+        affected_done_s = time.monotonic() - notice_at
+        _wait(lambda: victim["engine_id"] not in {e["engine_id"] for e in ray.get(manager.engines.remote())
+                                                  if e["status"] in ("ACTIVE", "DRAINING")}, 60, "the engine to go")
+        status = ray.get(manager.status.remote())
+        eviction = status["evictions"].get(victim["engine_id"], {})
+        after = status["migration"]
+        node_gone = _wait(lambda: not cluster.status().elastic_nodes, 120, "the drained node to leave", poll_s=0.5)
+        node_gone_s = time.monotonic() - notice_at
+        kept = after["tokens_kept"] - before["tokens_kept"]
+        regenerated = after["tokens_regenerated"] - before["tokens_regenerated"]
+        complete = sum(1 for o in outs if o.output["meta_info"]["completion_tokens"] == MAX_NEW_TOKENS)
+        return {
+            "mode": mode, "requests": N_REQUESTS, "lost_samples": lost, "complete_samples": complete,
+            "tokens_before_notice_on_engine": before_notice, "tokens_kept": kept, "tokens_regenerated": regenerated,
+            "tokens_kept_fraction": kept / (kept + regenerated) if kept + regenerated else None,
+            "migrated_requests": after["migrated_requests"] - before["migrated_requests"],
+            "notice_to_engine_gone_s": eviction.get("notice_to_gone_s"),
+            "gone_before_deadline": eviction.get("gone_before_deadline"), "budget_s": eviction.get("budget_s"),
+            "deadline_s": None if mode == "abort" else deadline_s,
+            "affected_samples_done_s": affected_done_s, "node_gone_s": node_gone_s if node_gone else None,
+            "events": [e["message"] for e in ray.get(manager.recent_events.remote(30))
+                       if victim["engine_id"] in e["engine_ids"] and e["kind"] in ("engine_evicted", "engine_state")],
+        }
+    finally:
+        ray.get(manager.shutdown.remote(), timeout=120)
+        ray.kill(manager)
+        remove_placement_group(baseline)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--modes", default="migrate,retry,abort")
+    parser.add_argument("--deadline", type=float, default=20.0, help="seconds from the notice to the node's deadline")
+    parser.add_argument("--preset", help="a tiny preset directory (default: build one)")
+    parser.add_argument("--json", action="store_true", help="print each mode's result as one JSON line")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    import ray
+
+    from relax.cluster.local_elastic import ElasticCluster, ElasticClusterConfig
+    from relax.presets.tiny import build_tiny_preset
+
+    results = []
+    with tempfile.TemporaryDirectory(prefix="relax-evict-") as tmp:
+        preset = build_tiny_preset(Path(args.preset or tmp) / "tiny") if not args.preset else _load(args.preset)
+        cluster = ElasticCluster(ElasticClusterConfig(head_gpus=1, max_elastic=1, idle_timeout_minutes=0.5,
+                                                      include_dashboard=False,
+                                                      env={"OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled"}))
+        info = cluster.start(timeout=120)
+        try:
+            ray.init(address=info.address, log_to_driver=False, logging_level="ERROR",
+                     runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled"}})
+            for mode in [m for m in args.modes.split(",") if m]:
+                result = run_mode(mode, cluster, preset, args.deadline)
+                results.append(result)
+                print(json.dumps(result) if args.json else f"{mode}: {result}", flush=True)
+        finally:
+            ray.shutdown()
+            cluster.stop(timeout=30)
+    return 0 if all(r["lost_samples"] == 0 for r in results) else 1
+
+
+def _load(path: str) -> Any:
+    from relax.presets.tiny import TinyPreset
+
+    p = Path(path)
+    return TinyPreset(root=p, model_dir=p / "model", train_path=p / "data" / "train.jsonl",
+                      eval_path=p / "data" / "eval.jsonl")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
