@@ -25,18 +25,15 @@ def run(tiny_preset, *args: str) -> list[dict]:
 
 
 def test_a_notice_with_a_deadline_keeps_the_work_and_beats_the_deadline(tiny_preset) -> None:
-    (migrate, abort) = run(tiny_preset, "--modes", "migrate,abort", "--deadline", "20")
-    # (a) every request completes exactly once, in full, and what was generated before the notice is kept
+    """(a) of the preemption issue; a deadline already past (c) runs in benchmarks/eviction.py (mode ``abort``),
+    and its budget of 0 is tests/unit/test_eviction.py's case: the suite's time goes to the case that keeps work."""
+    (migrate,) = run(tiny_preset, "--modes", "migrate", "--deadline", "15")
+    # every request completes exactly once, in full, and what was generated before the notice is kept
     assert migrate["lost_samples"] == 0 and migrate["complete_samples"] == migrate["requests"]
     assert migrate["migrated_requests"] > 0 and migrate["tokens_regenerated"] == 0
-    assert migrate["tokens_kept"] > 0 and migrate["tokens_kept_fraction"] == 1.0
+    assert migrate["tokens_kept"] == migrate["tokens_before_notice_on_engine"] > 0
     # the engine and its placement group are gone before the deadline, and the node leaves (as preempted)
-    assert migrate["gone_before_deadline"] is True and migrate["notice_to_engine_gone_s"] < 20
+    assert migrate["gone_before_deadline"] is True and migrate["notice_to_engine_gone_s"] < 15
     assert migrate["node_gone_s"] is not None
-    # (c) a deadline already past is an abrupt loss: everything restarts elsewhere, nothing is lost
-    assert abort["lost_samples"] == 0 and abort["complete_samples"] == abort["requests"]
-    assert abort["budget_s"] == 0 and abort["tokens_kept"] == 0
-    print("preemption:", json.dumps({m["mode"]: {k: m[k] for k in ("tokens_kept", "tokens_regenerated",
-                                                                   "notice_to_engine_gone_s",
-                                                                   "affected_samples_done_s")}
-                                      for m in (migrate, abort)}))
+    print("preemption:", json.dumps({k: migrate[k] for k in ("tokens_kept", "tokens_regenerated",
+                                                             "notice_to_engine_gone_s", "affected_samples_done_s")}))

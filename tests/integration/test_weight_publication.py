@@ -24,11 +24,6 @@ from relax.training.group import TrainerGroup
 from relax.training.weights import WeightManifest, make_buckets
 
 
-@pytest.fixture(scope="module", params=["broadcast", "object-store"])
-def path(request) -> str:
-    return request.param
-
-
 def publish(manager, trainer, version: int, path: str) -> None:
     """Publish the trainer's current weights as ``version``, the way a run with ``--weight-sync path`` does."""
     if path == "broadcast":
@@ -41,7 +36,7 @@ def publish(manager, trainer, version: int, path: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def stack(ray_cluster, tiny_preset, path):
+def stack(ray_cluster, tiny_preset):
     bundle = {"GPU": 1, "CPU": 1}
     groups = [placement_group([bundle], strategy="PACK") for _ in range(3)]
     ray.get([g.ready() for g in groups], timeout=60)
@@ -55,7 +50,7 @@ def stack(ray_cluster, tiny_preset, path):
     try:
         ray.get(manager.start_initial_engines.remote([(groups[1], 0), (groups[2], 0)]), timeout=180)
         trainer = TrainerGroup(TrainerConfig(hf_checkpoint=str(tiny_preset.model_dir), lr=5e-3), groups[0])
-        yield manager, trainer, path
+        yield manager, trainer
     finally:
         ray.get(manager.shutdown.remote(), timeout=60)
         ray.kill(manager)
@@ -74,31 +69,33 @@ def _generate(url: str, prompt_ids: list[int]) -> dict:
 
 
 def test_published_version_is_served_by_every_engine_with_the_trainers_log_probs(stack) -> None:
-    manager, trainer, path = stack
+    """Both paths on the same engines: v1 through the object store, v2 (after a second step) by broadcast."""
+    manager, trainer = stack
     ray.get(manager.start_generation.remote(0, None))
     part = ray.get(manager.get_partition.remote(0, 120), timeout=150)
     assert {s["weight_version"] for s in part["samples"]} == {0}
-    metrics = trainer.train_step(part["samples"])
-    assert metrics["num_samples"] == 16
-
-    publish(manager, trainer, 1, path)
-    assert ray.get(manager.wait_weights.remote(1, 60), timeout=90)
-
-    engines = ray.get(manager.engines.remote())
-    active = [e for e in engines if e["status"] == "ACTIVE"]
-    assert len(active) == 2 and all(e["weight_version"] == 1 for e in active)
-
     prompt_ids = part["samples"][0]["prompt_token_ids"]
-    for engine in active:
-        version = httpx.get(f"{engine['url']}/model_info", timeout=10, trust_env=False).json()
-        assert version["weight_version"] == "1"
-        out = _generate(engine["url"], prompt_ids)
-        assert out["meta_info"]["weight_version"] == "1"
-        engine_lps = [lp for lp, _tok, _ in out["meta_info"]["output_token_logprobs"]]
-        sample = {"prompt_token_ids": prompt_ids, "response_token_ids": out["output_ids"], "group_id": "probe",
-                  "sample_index": 0}
-        trainer_lps = trainer.compute_log_probs([sample])[0]
-        assert max(abs(a - b) for a, b in zip(engine_lps, trainer_lps, strict=True)) < 1e-4
+    for version, path in ((1, "object-store"), (2, "broadcast")):
+        metrics = trainer.train_step(part["samples"])
+        assert metrics["num_samples"] == 16
+        publish(manager, trainer, version, path)
+        assert ray.get(manager.wait_weights.remote(version, 60), timeout=90)
+
+        engines = ray.get(manager.engines.remote())
+        active = [e for e in engines if e["status"] == "ACTIVE"]
+        assert len(active) == 2 and all(e["weight_version"] == version for e in active)
+        syncs = ray.get(manager.status.remote())["weight_syncs"]
+        assert {t["path"] for t in syncs.values()} == {path}
+        for engine in active:
+            info = httpx.get(f"{engine['url']}/model_info", timeout=10, trust_env=False).json()
+            assert info["weight_version"] == str(version)
+            out = _generate(engine["url"], prompt_ids)
+            assert out["meta_info"]["weight_version"] == str(version)
+            engine_lps = [lp for lp, _tok, _ in out["meta_info"]["output_token_logprobs"]]
+            sample = {"prompt_token_ids": prompt_ids, "response_token_ids": out["output_ids"], "group_id": "probe",
+                      "sample_index": 0}
+            trainer_lps = trainer.compute_log_probs([sample])[0]
+            assert max(abs(a - b) for a, b in zip(engine_lps, trainer_lps, strict=True)) < 1e-4, path
 
 
 def _running(url: str) -> float:
@@ -115,7 +112,8 @@ def test_publication_under_load_pauses_only_for_the_load_and_loses_nothing(stack
     oldest version (SGLang reports the newest plus spans)."""
     from relax.rollout.generator import sample_version
 
-    manager, trainer, path = stack
+    manager, trainer = stack
+    path = "broadcast"
     active = [e for e in ray.get(manager.engines.remote()) if e["status"] == "ACTIVE"]
     version = max(e["weight_version"] for e in active)
     params = {"max_new_tokens": 200, "temperature": 1.0, "ignore_eos": True}
@@ -163,10 +161,10 @@ def _gone(pid: int) -> bool:
 def test_requests_survive_an_engine_dying(stack) -> None:
     """A request whose engine dies is retried on another engine: nothing is lost, the dead one is FAILED.
 
-    Two deaths, one per parametrisation: the server process SIGKILLed, and (as a raylet dying or the OOM
-    killer does it) the EngineActor's Ray worker SIGKILLed by pid, which must take its server with it.
+    The EngineActor's Ray worker is SIGKILLed by pid (as a raylet dying or the OOM killer does it): its
+    server must go with it (a dead server alone is tests/integration/test_fleet.py's case).
     """
-    manager, _, path = stack
+    manager, _ = stack
     engines = [e for e in ray.get(manager.engines.remote()) if e["status"] == "ACTIVE"]
     victim = engines[0]["engine_id"]
     info = ray.get(manager.engine_process.remote(victim))
@@ -177,7 +175,7 @@ def test_requests_survive_an_engine_dying(stack) -> None:
         assert time.monotonic() < deadline, "the requests never reached both engines"
         time.sleep(0.02)
     killed_at = time.monotonic()
-    os.kill(info["actor_pid"] if path == "broadcast" else info["pid"], signal.SIGKILL)
+    os.kill(info["actor_pid"], signal.SIGKILL)
     while not _gone(info["pid"]):  # a dead actor's server goes with it (relax.engines.guard)
         assert time.monotonic() - killed_at < 15, f"the server (pid {info['pid']}) outlived its actor"
         time.sleep(0.05)
@@ -200,16 +198,14 @@ def test_requests_survive_an_engine_dying(stack) -> None:
     while len(restarted()) < 2:
         assert time.monotonic() < deadline, "the failed initial engine was not replaced"
         time.sleep(0.2)
-    print(f"{'EngineActor worker' if path == 'broadcast' else 'engine server'} SIGKILLed: server gone "
+    print("EngineActor worker SIGKILLed: server gone "
           f"{server_gone_s:.1f}s, FAILED {failed_s:.1f}s, replacement ACTIVE {time.monotonic() - killed_at:.1f}s")
     replacement = next(e for e in restarted() if e["engine_id"] not in {x["engine_id"] for x in engines})
     latest = ray.get(manager.status.remote())["latest_published"]
     assert replacement["kind"] == "initial" and replacement["weight_version"] == latest >= 1
     info = httpx.get(f"{replacement['url']}/server_info", timeout=10, trust_env=False).json()
     assert info["weight_version"] == str(latest) and info["weight_loads"] == 0
-    if path == "object-store":  # it started from the latest version: no base checkpoint first and a reload after
-        assert f"relax-weights/{replacement['engine_id']}/v{latest}" in info["model_path"]
-    else:  # no object-store copy exists: it received the latest by broadcast before it was ACTIVE
-        assert info["distributed_buckets_loaded"] > 0 and len(info["weight_update_groups"]) == 1
+    # a broadcast version has no object-store copy: it received the latest by broadcast before it was ACTIVE
+    assert info["distributed_buckets_loaded"] > 0 and len(info["weight_update_groups"]) == 1
     events = ray.get(manager.recent_events.remote(50))
     assert any(e["kind"] == "engine_restarted" and victim in e["engine_ids"] for e in events)
