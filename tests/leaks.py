@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import psutil
 
-PATTERNS = ("relax.engines.guard", "relax.cli engine serve", "relax.cli", "ray::", "raylet", "gcs_server",
+PATTERNS = ("sglang", "relax.engines.guard", "relax.cli engine serve", "relax.cli", "ray::", "raylet", "gcs_server",
             "dashboard", "runtime_env", "log_monitor", "monitor.py", "default_worker.py", "relax.entrypoints")
 
 
@@ -38,8 +38,15 @@ def _ours(proc: psutil.Process, descendants: set[int], since: float) -> bool:
             return False
         parent = proc.parent()
         orphaned = parent is None or parent.pid == 1 or parent.name() in ("tini", "dumb-init", "init")
+        if not orphaned:
+            return False
         cmd = " ".join(proc.cmdline())
-        return orphaned and any(p in cmd for p in PATTERNS)
+        if any(p in cmd for p in PATTERNS):
+            return True
+        try:  # anything that inherited pytest's environment is the suite's, whatever it runs
+            return "PYTEST_CURRENT_TEST" in proc.environ()
+        except (psutil.AccessDenied, psutil.ZombieProcess):
+            return False
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return False
 

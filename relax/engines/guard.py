@@ -7,10 +7,11 @@ When the owner is gone, however it went (SIGKILL by the OOM killer, a raylet tak
 driver killed by pid), the guard is re-parented and notices within ``POLL_S``; it then stops the whole
 process group (SIGTERM, ``GRACE_S``, SIGKILL), so SGLang's scheduler and detokenizer children go too.
 
-Why not only ``PR_SET_PDEATHSIG``: Linux sends it when the *thread* that forked the child exits, not the
-process, and Ray runs actor methods on pool threads; a server started from one would die with a thread.
-The guard polls instead, and the built-in server runs the same check itself (``parent_watchdog``) in case
-the guard alone is killed.
+Why not only ``PR_SET_PDEATHSIG`` on the server: Linux sends it when the *thread* that forked the child
+exits, not the process, and Ray runs actor methods on pool threads; a server started from one would die with
+a thread. So the guard polls its owner, and sets ``PR_SET_PDEATHSIG`` on the server it forks from its own
+single thread: when Ray SIGKILLs a dead worker's children (the guard among them), the server goes too. The
+built-in server also runs the parent check itself (``parent_watchdog``).
 
 Standard library only, so it starts in milliseconds and works wherever the server's Python runs.
 """
@@ -63,8 +64,24 @@ def _stop_group(child: subprocess.Popen[bytes], grace_s: float) -> None:
         os.killpg(pgid, signal.SIGKILL)  # includes us: nothing of the group survives
 
 
+def _die_with_the_guard() -> None:
+    """In the server, before exec: SIGKILL when the guard dies (``PR_SET_PDEATHSIG``).
+
+    Safe here, unlike in a Ray worker: the guard forks from its only thread, which lives as long as the guard.
+    It matters because Ray SIGKILLs a dead worker's children, the guard among them, before the guard can
+    stop anything; a server that does not watch its parent itself (SGLang) would then be left running.
+    """
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+    if os.getppid() == 1:  # the guard died before the call: nothing would deliver the signal
+        os._exit(137)
+
+
 def run(owner_pid: int, argv: Sequence[str], *, poll_s: float = POLL_S, grace_s: float = GRACE_S) -> int:
-    child = subprocess.Popen(list(argv))  # same process group (ours), stdout/stderr inherited (the server log)
+    # same process group (ours), stdout/stderr inherited (the server log); the server dies with us
+    child = subprocess.Popen(list(argv), preexec_fn=_die_with_the_guard if sys.platform == "linux" else None)
     stopping = threading.Event()
 
     def forward(signum: int, _frame: object) -> None:

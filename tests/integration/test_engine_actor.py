@@ -203,10 +203,14 @@ def test_sglang_backend_path_and_ray_kill_ends_the_server(ray_cluster, tmp_path:
         ):
             assert expected in logged
         assert ray.get(actor.is_alive.remote()) is True
+        import psutil
+
+        (server,) = psutil.Process(info["pid"]).children()  # info["pid"] is its guard (relax.engines.guard)
     finally:
         ray.kill(actor)
-    # Ray kills a dead worker's children; the server must not outlive its actor.
-    wait_for(lambda: pid_gone(info["pid"]), 30, "the server to die with its actor")
+    # Ray SIGKILLs a dead worker's children (the guard); a server that does not watch its parent (SGLang, this
+    # stand-in) must not outlive them.
+    wait_for(lambda: pid_gone(info["pid"]) and pid_gone(server.pid), 30, "the server to die with its actor")
 
 
 def test_launch_failure_quotes_the_server_log(ray_cluster, tmp_path: Path) -> None:

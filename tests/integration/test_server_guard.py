@@ -106,6 +106,20 @@ def test_the_guard_passes_the_exit_code_and_signals_through(tmp_path: Path) -> N
     _wait_gone([child.pid], timeout=5)
 
 
+def test_a_server_that_does_not_watch_its_parent_dies_with_a_sigkilled_guard() -> None:
+    """As Ray kills a dead worker's children: the guard gets SIGKILL and runs no code; its server must go too."""
+    proc = subprocess.Popen([sys.executable, "-m", "relax.engines.guard", "--owner-pid", str(os.getpid()), "--",
+                             sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    deadline = time.monotonic() + 10
+    while not psutil.Process(proc.pid).children():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    (child,) = psutil.Process(proc.pid).children()
+    proc.kill()
+    proc.wait(timeout=10)
+    _wait_gone([child.pid], timeout=5)
+
+
 def test_a_guard_whose_owner_is_already_gone_starts_nothing() -> None:
     assert guard.main(["--owner-pid", "1" if os.getppid() != 1 else "2", "--", "true"]) == 137
 
