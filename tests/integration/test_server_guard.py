@@ -90,10 +90,8 @@ def test_a_server_whose_guard_is_killed_stops_itself(owner) -> None:
     print(f"guard SIGKILLed: server gone after {took:.1f}s")
 
 
-def test_the_guard_passes_the_exit_code_and_signals_through(tmp_path: Path) -> None:
-    code = subprocess.run([sys.executable, "-m", "relax.engines.guard", "--owner-pid", str(os.getpid()), "--",
-                           sys.executable, "-c", "raise SystemExit(3)"], timeout=30).returncode
-    assert code == 3
+def _guarded_sleeper() -> tuple[subprocess.Popen[bytes], psutil.Process]:
+    """A guard (owned by this process) over a "server" that sleeps and never watches its parent."""
     proc = subprocess.Popen([sys.executable, "-m", "relax.engines.guard", "--owner-pid", str(os.getpid()), "--",
                              sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
     deadline = time.monotonic() + 10
@@ -101,6 +99,14 @@ def test_the_guard_passes_the_exit_code_and_signals_through(tmp_path: Path) -> N
         assert time.monotonic() < deadline
         time.sleep(0.05)
     (child,) = psutil.Process(proc.pid).children()
+    return proc, child
+
+
+def test_the_guard_passes_the_exit_code_and_signals_through(tmp_path: Path) -> None:
+    code = subprocess.run([sys.executable, "-m", "relax.engines.guard", "--owner-pid", str(os.getpid()), "--",
+                           sys.executable, "-c", "raise SystemExit(3)"], timeout=30).returncode
+    assert code == 3
+    proc, child = _guarded_sleeper()
     proc.send_signal(signal.SIGTERM)  # forwarded: the server stops, and the guard ends as the server did
     assert proc.wait(timeout=10) == -signal.SIGTERM
     _wait_gone([child.pid], timeout=5)
@@ -108,13 +114,7 @@ def test_the_guard_passes_the_exit_code_and_signals_through(tmp_path: Path) -> N
 
 def test_a_server_that_does_not_watch_its_parent_dies_with_a_sigkilled_guard() -> None:
     """As Ray kills a dead worker's children: the guard gets SIGKILL and runs no code; its server must go too."""
-    proc = subprocess.Popen([sys.executable, "-m", "relax.engines.guard", "--owner-pid", str(os.getpid()), "--",
-                             sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
-    deadline = time.monotonic() + 10
-    while not psutil.Process(proc.pid).children():
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    (child,) = psutil.Process(proc.pid).children()
+    proc, child = _guarded_sleeper()
     proc.kill()
     proc.wait(timeout=10)
     _wait_gone([child.pid], timeout=5)

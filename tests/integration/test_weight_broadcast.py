@@ -76,21 +76,11 @@ async def test_a_broadcast_version_is_served_with_the_trainers_logprobs(
         assert out["meta_info"]["weight_version"] == "1"
 
         # a second version through the same group
-        sender.hold(2, {k: v * 0.5 for k, v in state.items()}, bucket_bytes=64 * 1024)
-        await send_version("engine-0", client, group, 2, sender_manifest(sender, 2, state), "retract", 30.0)
+        manifest2 = sender.hold(2, {k: v * 0.5 for k, v in state.items()}, bucket_bytes=64 * 1024)
+        await send_version("engine-0", client, group, 2, manifest2, "retract", 30.0)
         assert await client.get_weight_version() == "2"
         await close_group(group, client)
         assert sender.groups() == [] and (await client.get_server_info())["weight_update_groups"] == []
-
-
-def sender_manifest(sender: WeightSender, version: int, state: dict) -> object:
-    """The manifest ``hold`` returned for ``version`` (recomputed the same way: wire order per bucket)."""
-    from relax.training.weights import WeightManifest
-
-    held = sender._held(version)
-    buckets = [{n: torch.empty(s, dtype=getattr(torch, d)) for n, d, s in zip(sp.names, sp.dtypes, sp.shapes,
-                                                                              strict=True)} for sp in held.specs]
-    return WeightManifest.from_buckets(version, buckets)
 
 
 async def test_the_protocol_rules_of_sglang_hold(tiny_preset, start_engine) -> None:
