@@ -118,14 +118,16 @@ def test_publication_under_load_pauses_only_for_the_load_and_loses_nothing(stack
     version = max(e["weight_version"] for e in active)
     params = {"max_new_tokens": 200, "temperature": 1.0, "ignore_eos": True}
     refs = [manager.generate.remote(f"load-{i}", [1, 2, 3], params) for i in range(16)]
-    # hold every engine with all its requests running, so the publication lands mid-request by construction
+    # freeze every engine with requests running, so the publication lands mid-request by construction; how many
+    # of the 16 are running then depends on the machine's speed, and the spans below are checked against it
     deadline = time.monotonic() + 60
-    while sum(_running(e["url"]) for e in active) < 16:
-        assert time.monotonic() < deadline, "the requests never all ran"
+    while not all(_running(e["url"]) > 0 for e in active):
+        assert time.monotonic() < deadline, "the requests never reached both engines"
         time.sleep(0.01)
     for e in active:
         httpx.post(f"{e['url']}/pause_generation", json={"mode": "in_place"}, timeout=10, trust_env=False)
-    assert sum(_running(e["url"]) for e in active) == 16  # still all in flight: none finished before the freeze
+    crossing = sum(_running(e["url"]) for e in active)  # frozen mid-request: these must cross the load
+    assert crossing >= 1
 
     new = version + 1
     publish(manager, trainer, new, path)
@@ -134,11 +136,13 @@ def test_publication_under_load_pauses_only_for_the_load_and_loses_nothing(stack
 
     assert len(outs) == 16 and all(o.output["meta_info"]["completion_tokens"] == 200 for o in outs)
     assert all(o.output["meta_info"]["finish_reason"]["type"] == "length" for o in outs)  # none aborted, none retried
-    for o in outs:
-        spans = o.output["meta_info"]["weight_versions"]
-        assert [sp["version"] for sp in spans] == [str(version), str(new)]  # crossed the load, in order
-        assert o.output["meta_info"]["weight_version"] == str(new)  # SGLang's field: the newest
-        assert sample_version(o.output["meta_info"], o.dispatch_version)[0] == version  # ours: the oldest
+    spans = [[sp["version"] for sp in o.output["meta_info"]["weight_versions"]] for o in outs]
+    # finished before the freeze, crossed the load (in order), or started after it: nothing else
+    assert all(s in ([str(version)], [str(version), str(new)], [str(new)]) for s in spans), spans
+    assert sum(s == [str(version), str(new)] for s in spans) == crossing
+    for o, s in zip(outs, spans, strict=True):
+        assert o.output["meta_info"]["weight_version"] == s[-1]  # SGLang's field: the newest
+        assert sample_version(o.output["meta_info"], o.dispatch_version)[0] == int(s[0])  # ours: the oldest
     status = ray.get(manager.status.remote())
     assert {e["status"] for e in ray.get(manager.engines.remote())} == {"ACTIVE"}
     syncs = status["weight_syncs"]
