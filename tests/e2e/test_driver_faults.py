@@ -100,11 +100,9 @@ def test_a_driver_killed_by_pid_leaves_only_what_the_next_start_stops(tiny_prese
         proc.wait(timeout=30)
         # the engines go with their workers (the guards see their owners die)
         engines_gone = _wait_none(lambda: _alive(engines), timeout=90)
-        # Ray's raylet and workers exit by themselves; its two agents stay (measured): those are left
-        deadline = time.monotonic() + 30
-        while len(left := session_processes(session)) > 2 and time.monotonic() < deadline:
-            time.sleep(0.5)
-        left_names = sorted(p.name() for p in _alive(left))
+        # Ray's raylet and workers exit by themselves in time, its two agents never (measured); whatever is left
+        # at this moment, the next start stops it
+        left_names = sorted(p.name() for p in _alive(session_processes(session)))
         # what the next start does first: stop the leftovers of marked sessions whose driver is gone
         stopped = clean_stale_sessions()
         assert len(stopped) >= len(left_names)

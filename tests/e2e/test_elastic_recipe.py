@@ -106,14 +106,15 @@ def test_recipe_three_checks_on_an_elastic_cluster(cluster, jobs, tiny_preset, t
             first_extra_s = time.monotonic() - load_started
             status = read_status(info.address)
             assert len(status.elastic_nodes) >= 1, status.format()
+            assert any(e["kind"] == "elastic" for e in grown)
+            # a request may still be bringing up its second engine: wait for its outcome, then end the load
+            outs = expect(lambda: (lambda rs: rs if any(r["status"] in ("ACTIVE", "PARTIAL") for r in rs) else None)(
+                requests("scale_out")), 180, "a scale-out request to end ACTIVE or PARTIAL")
+            assert outs
         finally:
-            burst.wait(timeout=600)
+            burst.terminate()  # its connections close: the engines abort what it left (SGLang's rule)
+            burst.wait(timeout=30)
         load_ended = time.monotonic()
-        assert any(e["kind"] == "elastic" for e in grown)
-        # a request may still be bringing up its second engine when a (fast) burst ends: wait for its outcome
-        outs = expect(lambda: (lambda rs: rs if any(r["status"] in ("ACTIVE", "PARTIAL") for r in rs) else None)(
-            requests("scale_out")), 180, "a scale-out request to end ACTIVE or PARTIAL")
-        assert outs
         logs = jobs.get_job_logs(job_id)
         assert "scale-out so-" in logs and "placement group ready" in logs
 
@@ -138,6 +139,8 @@ def test_recipe_three_checks_on_an_elastic_cluster(cluster, jobs, tiny_preset, t
         cooldown = api.autoscaler_config()["scale_in_cooldown_secs"]
         assert all(b["time"] - a["time"] >= cooldown for a, b in zip(ins, ins[1:], strict=False))
         health = httpx.get(f"{api.url}/autoscaler/health", timeout=5, trust_env=False).json()
+        print("\n".join(f"  {h['time']:.1f} {h['action']} {h['from_engines']}->{h['to_engines']} "
+                        f"accepted={h['accepted']} {h['reason']}" for h in history))
         print(f"\nelastic e2e: load start -> first extra engine ACTIVE {first_extra_s:.1f}s; "
               f"load end -> back to 2 engines {back_to_initial_s:.1f}s; incomplete scrapes "
               f"{health['incomplete_scrapes']} of {health['scrapes']} (last: {health['last_incomplete']})")

@@ -202,6 +202,26 @@ async def test_concurrent_requests_are_batched(client, engine, prompt_text) -> N
     assert final["steps"] - after["steps"] <= 12 * 32 / 4 + 4
 
 
+async def test_a_client_that_hangs_up_has_its_requests_aborted(engine, client, prompt_text) -> None:
+    """SGLang aborts a request whose HTTP client disconnected; so must we, or a stopped load generator leaves
+    its whole queue behind. Paused, nothing can finish: the queue empties only through the abort."""
+    await client.post("/pause_generation", json={"mode": "in_place"})
+    try:
+        async with httpx.AsyncClient(base_url=engine.url, trust_env=False) as impatient:
+            with pytest.raises(httpx.ReadTimeout):
+                await asyncio.gather(*[impatient.post("/generate", timeout=1.0, json={
+                    "text": prompt_text, "sampling_params": {"max_new_tokens": 50}}) for _ in range(3)])
+
+        async def queue_emptied() -> bool:
+            return (await _metrics(client))["sglang:num_queue_reqs"] == 0
+
+        await _poll(queue_emptied, timeout=15)
+    finally:
+        await client.post("/continue_generation")
+    after = await _metrics(client)
+    assert after["sglang:num_running_reqs"] == 0 and after["sglang:num_queue_reqs"] == 0  # nothing left to run
+
+
 async def test_queue_metrics_rise_under_load_and_empty_when_idle(client, prompt_text) -> None:
     before = await _metrics(client)
     params = {"max_new_tokens": 230, "ignore_eos": True}

@@ -13,6 +13,7 @@ import os
 import signal
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,9 @@ log = logging.getLogger("relax.engine")
 # As SGLang: a health probe is a one-token generation that must answer within this many seconds
 # (SGLANG_HEALTH_CHECK_TIMEOUT, default 20), else 503.
 HEALTH_CHECK_TIMEOUT_S = float(os.environ.get("SGLANG_HEALTH_CHECK_TIMEOUT", "20"))
+# How often a waiting /generate checks that its client is still there (SGLang checks every 4 s; we check
+# sooner, since a test's load generator is stopped by closing its connections).
+DISCONNECT_POLL_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -142,7 +146,11 @@ class BuiltinServer:
         return frozenset(ids)
 
     # ------------------------------------------------------------------ generate
-    async def generate(self, body: GenerateBody) -> dict[str, Any] | list[dict[str, Any]]:
+    async def generate(
+        self, body: GenerateBody, disconnected: Callable[[], Awaitable[bool]] | None = None
+    ) -> dict[str, Any] | list[dict[str, Any]]:
+        """Run the prompts of one call to the end; a client that hangs up has its requests aborted (SGLang's
+        rule), so a load generator or a router that gives up frees the batch instead of leaving work behind."""
         params = body.sampling_params.to_params()
         prompts = body.prompts()
         prompt_ids = [self._tokenize(p, i) for i, p in enumerate(prompts)]
@@ -170,9 +178,22 @@ class BuiltinServer:
                 self.engine.submit(requests)  # never waits for a step: the event loop keeps serving
             except DuplicateRequestId as exc:
                 raise ApiError(400, str(exc)) from None
-            finished = await asyncio.gather(*futures)
+            finished = await self._wait(asyncio.gather(*futures), {r.parent_rid for r in requests}, disconnected)
         outputs = [self._format(req, body.return_logprob) for req in finished]
         return outputs if body.batched or params.n > 1 else outputs[0]
+
+    async def _wait(self, gathered: asyncio.Future[list[EngineRequest]], rids: set[str],
+                    disconnected: Callable[[], Awaitable[bool]] | None) -> list[EngineRequest]:
+        while disconnected is not None:
+            done, _ = await asyncio.wait({gathered}, timeout=DISCONNECT_POLL_S)
+            if done:
+                break
+            if await disconnected():
+                log.info("client disconnected: aborting %s", ", ".join(sorted(rids)))
+                for rid in rids:
+                    await asyncio.to_thread(self.engine.abort, rid, "client disconnected")
+                break
+        return await gathered
 
     def _tokenize(self, prompt: str | list[int], index: int) -> list[int]:
         if isinstance(prompt, str):
@@ -289,8 +310,8 @@ def create_app(server: BuiltinServer) -> FastAPI:
         server.distributed.close()
 
     @app.post("/generate")
-    async def generate(body: GenerateBody) -> Any:
-        return await server.generate(body)
+    async def generate(body: GenerateBody, request: Request) -> Any:
+        return await server.generate(body, disconnected=request.is_disconnected)
 
     @app.get("/health")
     @app.get("/health_generate")
