@@ -34,7 +34,9 @@ def _cmd_preset_smollm2(args: argparse.Namespace) -> int:
 
 
 def _cmd_engine_serve(args: argparse.Namespace) -> int:
-    from relax.engines.builtin.server import ServerArgs, serve
+    import os
+
+    from relax.engines.builtin.server import API_KEY_ENV, ServerArgs, serve
 
     model = Path(args.model_path)
     if not (model / "config.json").is_file():
@@ -45,7 +47,7 @@ def _cmd_engine_serve(args: argparse.Namespace) -> int:
         model_path=str(model), host=args.host, port=args.port, max_running_requests=args.max_running_requests,
         max_total_tokens=args.max_total_tokens, weight_version=args.weight_version, device=args.device,
         num_threads=args.num_threads, seed=args.seed, served_model_name=args.served_model_name,
-        log_level=args.log_level,
+        log_level=args.log_level, api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
     ))
     return 0
 
@@ -87,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--seed", type=int, default=0, help="sampling seed")
     serve.add_argument("--served-model-name", default=None)
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.add_argument("--api-key", default=None,
+                       help="SGLang's --api-key: control and generation routes need 'Authorization: Bearer KEY' "
+                            "(/health and /metrics stay open); RELAX_ENGINE_API_KEY keeps it out of argv")
     serve.set_defaults(func=_cmd_engine_serve)
 
     from relax.autoscaler.cli import add_autoscaler_parser

@@ -201,8 +201,9 @@ def _node(node_id: Any) -> str:
 def engines_table(body: Mapping[str, Any]) -> Table:
     """``GET /rollout/engines`` as a table: one row per engine, all models."""
     table = Table(title="Rollout engines", title_justify="left")
-    for column in ("ENGINE", "KIND", "STATUS", "URL", "WEIGHTS", "IN-FLIGHT", "NODE"):
-        table.add_column(column, no_wrap=True, justify="right" if column in ("WEIGHTS", "IN-FLIGHT") else "left")
+    for column in ("ENGINE", "KIND", "STATUS", "URL", "WEIGHTS", "IN-FLIGHT", "NODE", "JOINED"):
+        table.add_column(column, no_wrap=True,
+                         justify="right" if column in ("WEIGHTS", "IN-FLIGHT", "JOINED") else "left")
     for model, group in (body.get("models") or {}).items():
         for engine in group.get("engines", []):
             version = engine.get("weight_version")
@@ -214,8 +215,17 @@ def engines_table(body: Mapping[str, Any]) -> Table:
                 "-" if version is None else f"v{version}",
                 _cell(engine.get("in_flight")),
                 _node(engine.get("node_id")),
+                _joined(engine),
             )
     return table
+
+
+def _joined(engine: Mapping[str, Any]) -> str:
+    """Decision → ACTIVE / → first answer, in seconds ("-" for what has not happened)."""
+    active, answer = engine.get("join_active_s"), engine.get("join_first_answer_s")
+    if active is None:
+        return "-"
+    return f"{active:.1f}s / {answer:.1f}s" if answer is not None else f"{active:.1f}s / -"
 
 
 def requests_table(records: Sequence[Mapping[str, Any]], direction: str) -> Table:

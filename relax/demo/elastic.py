@@ -12,6 +12,7 @@ The same helpers drive the end-to-end test (tests/e2e/test_elastic_recipe.py).
 from __future__ import annotations
 
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -34,11 +35,12 @@ CHAT_PROMPT = "<|im_start|>user\nWhat is 3 + 4?<|im_end|>\n<|im_start|>assistant
 
 # A bounded burst (count and time) on loopback; runs in its own process so the caller keeps polling.
 BURST_SCRIPT = """
-import asyncio, sys
+import asyncio, os, sys
 from relax.engines.loadgen import run_burst
 prompt = sys.argv[1]
+token = os.environ.get("RELAX_ENGINE_API_KEY") or None
 async def main():
-    await asyncio.gather(*(run_burst(u, prompt, requests=400, concurrency=200, max_new_tokens=200)
+    await asyncio.gather(*(run_burst(u, prompt, requests=400, concurrency=200, max_new_tokens=200, token=token)
                            for u in sys.argv[2:]))
 asyncio.run(main())
 """
@@ -93,6 +95,7 @@ class RunApi:
 
 def job_env(cluster_env: dict[str, str], preset: TinyPreset, exp_dir: Path, api_port: int,
             **overrides: str) -> dict[str, str]:
+    """The run script's environment; ``RELAX_ENGINE_API_KEY`` is the engines' secret the burst needs too."""
     return {
         **os.environ,
         **cluster_env,
@@ -100,7 +103,7 @@ def job_env(cluster_env: dict[str, str], preset: TinyPreset, exp_dir: Path, api_
         "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
         "MODEL_DIR": str(preset.root), "DATA_DIR": str(preset.root), "EXP_DIR": str(exp_dir),
         "AUTOSCALER_CONFIG": TINY_AUTOSCALER, "WORKING_DIR": "./", "RAY_NO_WAIT": "1",
-        "RELAX_API_PORT": str(api_port), **overrides,
+        "RELAX_API_PORT": str(api_port), "RELAX_ENGINE_API_KEY": secrets.token_urlsafe(24), **overrides,
     }
 
 
@@ -115,8 +118,10 @@ def submit_tiny_job(env: dict[str, str]) -> str:
     return next(line.split()[2] for line in result.stdout.splitlines() if line.startswith("ray-job.sh: submitting"))
 
 
-def start_burst(urls: list[str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-c", BURST_SCRIPT, CHAT_PROMPT, *urls])
+def start_burst(urls: list[str], token: str | None = None) -> subprocess.Popen[bytes]:
+    """The load generator, in its own process; ``token``: the engines' secret (the run's RELAX_ENGINE_API_KEY)."""
+    env = {**os.environ, "RELAX_ENGINE_API_KEY": token or ""}
+    return subprocess.Popen([sys.executable, "-c", BURST_SCRIPT, CHAT_PROMPT, *urls], env=env)
 
 
 DEMO_NUM_ROLLOUT = 5000  # an upper bound: the demo ends the run itself once the checks are done
@@ -185,7 +190,7 @@ def _run_elastic_demo(workdir: Path, *, num_rollout: int, console: Console) -> i
         show("check 1: training advances on the initial engines")
         console.print("[bold]4. load[/]: a bounded burst of 800 requests on the engines (loopback)")
         began = time.monotonic()
-        burst = start_burst([e["url"] for e in api.active()])
+        burst = start_burst([e["url"] for e in api.active()], token=env["RELAX_ENGINE_API_KEY"])
         try:
             wait_until(lambda: running() and len(api.active()) > 2, 300, "more engines under load")
             show(f"check 2: +{len(api.active()) - 2} engine(s) ACTIVE after {time.monotonic() - began:.0f}s")

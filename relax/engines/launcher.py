@@ -289,6 +289,8 @@ class BuiltinOptions:
     max_running_requests: int | None = None
     max_total_tokens: int | None = None
     num_threads: int | None = None
+    api_key: str | None = field(default=None, repr=False)
+    """The engine's secret (SGLang's ``--api-key``); passed in the environment, never in argv."""
 
 
 def builtin_command(
@@ -357,7 +359,10 @@ def builtin_spec(
     if options.num_threads is not None:
         merged_env["OMP_NUM_THREADS"] = str(options.num_threads)
     merged_env.update(env or {})
-    return LaunchSpec(argv=tuple(argv), host=host, port=int(port), log_path=str(log_path), env=merged_env, name=name)
+    if options.api_key:
+        merged_env["RELAX_ENGINE_API_KEY"] = options.api_key
+    return LaunchSpec(argv=tuple(argv), host=host, port=int(port), log_path=str(log_path), env=merged_env, name=name,
+                      token=options.api_key)
 
 
 def format_argv(argv: Sequence[str]) -> str:

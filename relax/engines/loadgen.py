@@ -33,14 +33,15 @@ class BurstResult:
 
 
 async def run_burst(
-    url: str, prompt: str, *, requests: int, concurrency: int, max_new_tokens: int, temperature: float = 1.0
+    url: str, prompt: str, *, requests: int, concurrency: int, max_new_tokens: int, temperature: float = 1.0,
+    token: str | None = None,
 ) -> BurstResult:
     """Send `requests` generations with at most `concurrency` in flight; fixed-length outputs."""
     params = {"max_new_tokens": max_new_tokens, "temperature": temperature, "ignore_eos": True}
     gate = asyncio.Semaphore(concurrency)
     latencies: list[float] = []
     tokens = 0
-    async with EngineClient(url, timeout=600) as client:
+    async with EngineClient(url, timeout=600, token=token) as client:
 
         async def one() -> None:
             nonlocal tokens

@@ -36,6 +36,7 @@ VERIFIED_SGLANG = "0.5.23"
 SGLANG_PIP_SPEC = "sglang>=0.5,<0.6"
 #: Environment variable holding SGLang's ``--api-key``, so the key needs no place in configs or command lines.
 SGLANG_API_KEY_ENV = "RELAX_SGLANG_API_KEY"
+ENGINE_API_KEY_ENV = "RELAX_ENGINE_API_KEY"
 #: How long asking an interpreter for its SGLang version may take (a cold import of importlib is fast;
 #: a network file system on a busy node is not).
 VERSION_CHECK_TIMEOUT_S = 60.0
@@ -97,16 +98,25 @@ class SGLangOptions:
 
 
 def api_key_from_env(environ: Mapping[str, str] = os.environ) -> str | None:
-    """SGLang's ``--api-key`` from ``RELAX_SGLANG_API_KEY``; ``None`` when unset or blank.
+    """The engines' key from ``RELAX_SGLANG_API_KEY`` (or ``RELAX_ENGINE_API_KEY``); ``None`` when unset or blank.
 
     An environment variable keeps the key out of config files and out of the command lines Relax logs
     (those mask it as ``***`` anyway, ``relax.engines.launcher.format_argv``). Surrounding whitespace is
     dropped: a key read with ``$(cat keyfile)`` often carries a newline that would never match.
     """
-    value = environ.get(SGLANG_API_KEY_ENV)
-    if value is None or not value.strip():
-        return None
-    return value.strip()
+    for name in (SGLANG_API_KEY_ENV, ENGINE_API_KEY_ENV):
+        value = environ.get(name)
+        if value is not None and value.strip():
+            return value.strip()
+    return None
+
+
+def engine_secret(environ: Mapping[str, str] = os.environ) -> str:
+    """The run's engine secret: the user's key if one is set (external engines, or a script that calls the
+    engines itself), else a fresh random one that only this run's manager holds."""
+    import secrets
+
+    return api_key_from_env(environ) or secrets.token_urlsafe(32)
 
 
 def parse_extra_args(extra_args: str | Sequence[str] | None) -> list[str]:

@@ -23,7 +23,7 @@ from relax.autoscaler.config import load_autoscaler_config
 from relax.config.checks import check_hf_checkpoint, check_port_free
 from relax.config.flags import ConfigError, TrainArgs, UnfinishedRequests, WeightSync, fail, parse_args_or_exit
 from relax.config.plan import Plan, build_plan, format_plan, validate_paths, validate_plan_against_cluster
-from relax.engines.sglang import api_key_from_env
+from relax.engines.sglang import engine_secret
 from relax.logs import setup_logging
 
 log = logging.getLogger("relax.train")
@@ -145,7 +145,7 @@ class Driver:
             weight_broadcast_timeout_s=a.weight_broadcast_timeout,
             migrate_in_flight=a.scale_in_unfinished is UnfinishedRequests.MIGRATE,
             weight_broadcast_backend=self._broadcast_backend(),
-            engine_api_key=api_key_from_env(),
+            engine_api_key=engine_secret(),
         )
 
     def _broadcast_backend(self) -> str:

@@ -567,6 +567,10 @@ class EngineView(BaseModel):
     weight_version: int | None
     in_flight: int
     node_id: str | None
+    join_active_s: float | None = None
+    """Seconds from the decision to start this engine to ACTIVE on the newest weights."""
+    join_first_answer_s: float | None = None
+    """Seconds from that decision to its first answer (generated on the current weights); None until then."""
 
     @classmethod
     def from_record(cls, record: EngineRecord) -> EngineView:

@@ -36,11 +36,13 @@ class RolloutControl:
         *,
         in_flight: Callable[[str], int] | None = None,
         run_status: Callable[[], Mapping[str, Any]] = dict,
+        joins: Callable[[], Mapping[str, Mapping[str, Any]]] = dict,
     ) -> None:
         self.pool = pool
         self.executor = executor
         self.event_log = events
         self._in_flight = in_flight
+        self._joins = joins
         self._run_status = run_status
 
     # -- views ------------------------------------------------------------------------------------
@@ -50,8 +52,11 @@ class RolloutControl:
             check_model_name(model_name)
         self._refresh_in_flight()
         live = [r for r in self.pool.records() if not r.state.terminal]
+        joins = self._joins()
         view = [{"engine_id": r.engine_id, "url": r.url, "kind": r.kind.value, "status": r.state.value,
-                 "weight_version": r.weight_version, "in_flight": r.in_flight, "node_id": r.node_id} for r in live]
+                 "weight_version": r.weight_version, "in_flight": r.in_flight, "node_id": r.node_id,
+                 "join_active_s": joins.get(r.engine_id, {}).get("decision_to_active_s"),
+                 "join_first_answer_s": joins.get(r.engine_id, {}).get("decision_to_first_answer_s")} for r in live]
         return {"models": {model_name or DEFAULT_MODEL: {"engines": view}}, "total_engines": len(view),
                 "active_engines": len(self.pool.active())}
 

@@ -99,7 +99,8 @@ class ManagerConfig:
     # A request aborted because its engine left continues on another engine from where it stopped
     # (relax.rollout.migration) instead of starting again; False: start again (the tokens are regenerated)
     migrate_in_flight: bool = True
-    # SGLang's --api-key (from RELAX_SGLANG_API_KEY): passed to every SGLang server and sent on every engine call
+    # The engines' secret (SGLang's --api-key; the built-in engine's RELAX_ENGINE_API_KEY): every engine is
+    # started with it and every engine call carries it. The driver always sets one (relax.engines.sglang.engine_secret).
     engine_api_key: str | None = field(default=None, repr=False)
     engine_host: str = "auto"
     sglang_mem_fraction_static: float | None = None
@@ -210,7 +211,7 @@ class RolloutManager:
             on_change=self._state_changed.set,
         )
         self.control = RolloutControl(self.pool, self.executor, self.event_log, in_flight=self.router.in_flight,
-                                      run_status=self._run_status)
+                                      run_status=self._run_status, joins=lambda: self.fleet.joins)
         self._generation: asyncio.Task[None] | None = None
         self._steps: dict[int, _StepStats] = {}
         self._error: BaseException | None = None
@@ -236,7 +237,8 @@ class RolloutManager:
                                     max_running_requests=self.cfg.max_running_requests,
                                     random_seed=self.cfg.rollout_seed)
         else:
-            options = BuiltinOptions(max_running_requests=self.cfg.max_running_requests, num_threads=1)
+            options = BuiltinOptions(max_running_requests=self.cfg.max_running_requests, num_threads=1,
+                                     api_key=self.cfg.engine_api_key)
         me = ray.get_runtime_context().current_actor
         return RayEngineLauncher(backend, self.cfg.model_path, {
             "options": options,
@@ -312,6 +314,7 @@ class RolloutManager:
                 failure = failure_from_finish_reason(out["meta_info"].get("finish_reason"))
                 if failure is None:
                     self._tokens_generated += int(out["meta_info"].get("completion_tokens", 0))
+                    self.fleet.note_answer(engine_id, version)
                     if not segments:
                         return Generation(engine_id=engine_id, output=out, dispatch_version=version)
                     final = [*segments, Segment.from_output(engine_id, out, version)]
@@ -497,6 +500,7 @@ class RolloutManager:
             "weight_syncs": {eid: dict(t) for eid, t in self.fleet.last_syncs.items()},
             "migration": self.migration.to_dict(),
             "evictions": {eid: dict(e) for eid, e in self.fleet.last_evictions.items()},
+            "joins": {eid: dict(j) for eid, j in self.fleet.joins.items()},
         }
 
     async def report_training(self, metrics: dict[str, Any]) -> None:
@@ -539,7 +543,20 @@ class RolloutManager:
             "migration_tokens_regenerated": self.migration.tokens_regenerated,
             "migrated_requests": self.migration.migrated_requests,
             "tokens_generated": self._tokens_generated,
+            **self._last_join_and_eviction(),
         }
+
+    def _last_join_and_eviction(self) -> dict[str, float]:
+        """The newest engine join's and eviction's durations, for Relax's /metrics (absent until one happened)."""
+        out: dict[str, float] = {}
+        answered = [j for j in self.fleet.joins.values() if j["decision_to_first_answer_s"] is not None]
+        if answered:
+            out["last_join_active_s"] = answered[-1]["decision_to_active_s"]
+            out["last_join_first_answer_s"] = answered[-1]["decision_to_first_answer_s"]
+        gone = [e for e in self.fleet.last_evictions.values() if e.get("notice_to_gone_s") is not None]
+        if gone:
+            out["last_eviction_notice_to_gone_s"] = gone[-1]["notice_to_gone_s"]
+        return out
 
     async def scale_out(self, spec: ScaleOutSpec) -> dict[str, Any]:
         return await self.control.scale_out(spec)

@@ -42,6 +42,12 @@ GAUGES: tuple[tuple[str, str, str], ...] = (
     ("initial_engines", "relax_initial_engines", "Initial engines: the floor scale-in never goes below"),
     ("buffer_waiting_partitions", "relax_buffer_waiting_partitions", "Finished rollout steps waiting for the trainer"),
     ("latest_published", "relax_published_weight_version", "Newest weight version published by the trainer"),
+    ("last_join_active_s", "relax_last_join_active_seconds",
+     "Newest joined engine: seconds from the decision to start it to ACTIVE on the newest weights"),
+    ("last_join_first_answer_s", "relax_last_join_first_answer_seconds",
+     "Newest joined engine: seconds from the decision to start it to its first answer (current weights)"),
+    ("last_eviction_notice_to_gone_s", "relax_last_eviction_notice_to_gone_seconds",
+     "Newest eviction: seconds from the drain notice to the engine gone"),
 )
 """``(status key, metric name, help)``; a key missing from the status (or ``None``) is not exported."""
 

@@ -13,7 +13,10 @@ engine in the middle of long responses. Modes:
 * ``migrate``: budget = deadline − margin; what is unfinished then is aborted and continued elsewhere;
 * ``retry``: the same budget, then the unfinished requests start again from their prompts;
 * ``abort``: a deadline already past: everything on the engine is aborted at once and started again
-  (what a framework without drain handling does).
+  (what a framework without drain handling does);
+* ``sigterm``: as ``migrate``, but the engine's node is a ``ray start --block`` worker
+  (``relax.cluster.worker_node``) and the notice is a SIGTERM to that process: Ray marks its own node
+  DRAINING with ``RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S`` = the deadline, as on a pod deletion.
 
 Run ``python -m relax.testing.eviction_scenario --modes migrate --json`` (one JSON line per mode, last).
 """
@@ -44,7 +47,10 @@ def _wait(predicate: Any, timeout: float, what: str, poll_s: float = 0.1) -> Any
         time.sleep(poll_s)
 
 
-def run_mode(mode: str, cluster: Any, preset: Any, deadline_s: float) -> dict[str, Any]:
+MODES = ("migrate", "retry", "abort", "sigterm")
+
+
+def run_mode(mode: str, cluster: Any, preset: Any, deadline_s: float, workdir: Path) -> dict[str, Any]:
     import httpx
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
@@ -60,8 +66,15 @@ def run_mode(mode: str, cluster: Any, preset: Any, deadline_s: float) -> dict[st
         model_path=str(preset.model_dir), prompt_data=str(preset.train_path), num_rollout=1, rollout_batch_size=1,
         sampling=SamplingSettings(n_samples=1, max_new_tokens=8), apply_chat_template=True, rm_type="tiny",
         max_engines=2, scale_out_timeout_s=120, scale_in_drain_timeout_s=30, scale_in_shutdown_timeout_s=5,
-        migrate_in_flight=mode == "migrate",
+        migrate_in_flight=mode in ("migrate", "sigterm"),
     )
+    worker = None
+    if mode == "sigterm":  # the elastic engine's node: the only free GPU, so its group lands there at once
+        from relax.cluster.worker_node import WorkerNode, WorkerNodeConfig
+
+        worker = WorkerNode(cluster.address, workdir / "worker-node.log", WorkerNodeConfig(
+            num_cpus=2, num_gpus=1, drain_timeout_s=deadline_s, env=cluster.info.env()))
+        worker.start(timeout=90)
     manager = ray.remote(RolloutManager).options(max_concurrency=1000, num_cpus=0,
                                                  resources={"stable_cpu": 0.01}).remote(config)
     try:
@@ -86,10 +99,15 @@ def run_mode(mode: str, cluster: Any, preset: Any, deadline_s: float) -> dict[st
         before_notice = generated() - base
         before = ray.get(manager.status.remote())["migration"]
         notice_at = time.monotonic()
-        accepted, why = drain_node(victim["node_id"], -1.0 if mode == "abort" else deadline_s,
-                                   message=f"relax eviction scenario ({mode})")
-        if not accepted:
-            raise RuntimeError(f"the drain request was refused: {why}")
+        if worker is not None:
+            if victim["node_id"] != worker.node_id:
+                raise RuntimeError(f"the elastic engine landed on {victim['node_id']}, not the worker node")
+            worker.terminate()  # Ray's own marking: DRAINING, deadline now + RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S
+        else:
+            accepted, why = drain_node(victim["node_id"], -1.0 if mode == "abort" else deadline_s,
+                                       message=f"relax eviction scenario ({mode})")
+            if not accepted:
+                raise RuntimeError(f"the drain request was refused: {why}")
         lost = 0
         outs = []
         for ref in refs:
@@ -103,7 +121,11 @@ def run_mode(mode: str, cluster: Any, preset: Any, deadline_s: float) -> dict[st
         status = ray.get(manager.status.remote())
         eviction = status["evictions"].get(victim["engine_id"], {})
         after = status["migration"]
-        node_gone = _wait(lambda: not cluster.status().elastic_nodes, 120, "the drained node to leave", poll_s=0.5)
+        if worker is not None:  # `ray start --block` exits once its node is idle (or at the deadline)
+            node_gone = _wait(lambda: worker.wait(0.5) is not None, 120, "the worker node's `ray start` to exit")
+        else:
+            node_gone = _wait(lambda: not cluster.status().elastic_nodes, 120, "the drained node to leave",
+                              poll_s=0.5)
         node_gone_s = time.monotonic() - notice_at
         kept = after["tokens_kept"] - before["tokens_kept"]
         regenerated = after["tokens_regenerated"] - before["tokens_regenerated"]
@@ -124,15 +146,20 @@ def run_mode(mode: str, cluster: Any, preset: Any, deadline_s: float) -> dict[st
         ray.get(manager.shutdown.remote(), timeout=120)
         ray.kill(manager)
         remove_placement_group(baseline)
+        if worker is not None:
+            worker.kill()
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--modes", default="migrate,retry,abort")
+    parser.add_argument("--modes", default="migrate,retry,abort", help=f"comma-separated, of {', '.join(MODES)}")
     parser.add_argument("--deadline", type=float, default=20.0, help="seconds from the notice to the node's deadline")
     parser.add_argument("--preset", help="a tiny preset directory (default: build one)")
     parser.add_argument("--json", action="store_true", help="print each mode's result as one JSON line")
     args = parser.parse_args(argv)
+    modes = [m for m in args.modes.split(",") if m]
+    if unknown := [m for m in modes if m not in MODES]:
+        parser.error(f"unknown mode(s) {', '.join(unknown)}; choose from {', '.join(MODES)}")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     import ray
 
@@ -149,8 +176,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             ray.init(address=info.address, log_to_driver=False, logging_level="ERROR",
                      runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled"}})
-            for mode in [m for m in args.modes.split(",") if m]:
-                result = run_mode(mode, cluster, preset, args.deadline)
+            for mode in modes:
+                result = run_mode(mode, cluster, preset, args.deadline, Path(tmp))
                 results.append(result)
                 print(json.dumps(result) if args.json else f"{mode}: {result}", flush=True)
         finally:

@@ -43,8 +43,12 @@ def jobs(cluster):
     return JobSubmissionClient(cluster.info.dashboard_url)
 
 
+ENGINE_KEY = "recipe-e2e-engine-key"  # the engines' secret, so the burst may call them
+
+
 def submit(cluster, preset, exp: Path, api_port: int, **overrides: str) -> str:
-    env = job_env(cluster.info.env(), preset, exp, api_port, NUM_ROLLOUT="2000", RELAX_INITIAL_NODE_GROUP="baseline")
+    env = job_env(cluster.info.env(), preset, exp, api_port, NUM_ROLLOUT="2000", RELAX_INITIAL_NODE_GROUP="baseline",
+                  RELAX_ENGINE_API_KEY=ENGINE_KEY)
     env.update(overrides)
     return submit_tiny_job(env)
 
@@ -100,7 +104,9 @@ def test_recipe_three_checks_on_an_elastic_cluster(cluster, jobs, tiny_preset, t
 
         # 2. under load: nodes join, placement groups become ready, more than two engines ACTIVE
         load_started = time.monotonic()
-        burst = start_burst([e["url"] for e in api.active()])  # bounded, loopback only
+        # the engines refuse calls without the run's secret: the burst is given it (and checks that first)
+        assert httpx.get(f"{api.active()[0]['url']}/server_info", timeout=5, trust_env=False).status_code == 401
+        burst = start_burst([e["url"] for e in api.active()], token=ENGINE_KEY)  # bounded, loopback only
         try:
             grown = expect(lambda: len(api.active()) > 2 and api.active(), 240, "more than two ACTIVE engines")
             first_extra_s = time.monotonic() - load_started

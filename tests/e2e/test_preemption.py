@@ -2,7 +2,8 @@
 
 The scenario runs in a subprocess (this pytest process may hold its own local Ray): a head, one fake node the
 autoscaler adds for an elastic engine, a notice with reason PREEMPTION and a deadline while that engine is
-mid-way through its requests.
+mid-way through its requests; the same with the notice as Ray gives it on SIGTERM to a `ray start --block`
+node; and a notice whose deadline already passed.
 """
 
 from __future__ import annotations
@@ -24,17 +25,28 @@ def run(tiny_preset, *args: str) -> list[dict]:
     return lines
 
 
-def test_a_notice_with_a_deadline_keeps_the_work_and_beats_the_deadline(tiny_preset) -> None:
-    """(a) of the preemption issue; a deadline already past (c) runs in benchmarks/eviction.py (mode ``abort``),
-    and its budget of 0 is tests/unit/test_eviction.py's case: the suite's time goes to the case that keeps work."""
-    (migrate,) = run(tiny_preset, "--modes", "migrate", "--deadline", "15")
+def _kept_and_gone_in_time(result: dict, deadline_s: float) -> None:
     # every request completes exactly once, in full, and what was generated before the notice is kept
-    assert migrate["lost_samples"] == 0 and migrate["complete_samples"] == migrate["requests"]
-    assert migrate["migrated_requests"] > 0 and migrate["tokens_regenerated"] == 0
-    before = migrate["tokens_before_notice_on_engine"]  # the engine's counter: health probes add a token each
-    assert 0 < migrate["tokens_kept"] <= before and migrate["tokens_kept"] >= before - 3
-    # the engine and its placement group are gone before the deadline, and the node leaves (as preempted)
-    assert migrate["gone_before_deadline"] is True and migrate["notice_to_engine_gone_s"] < 15
-    assert migrate["node_gone_s"] is not None
-    print("preemption:", json.dumps({k: migrate[k] for k in ("tokens_kept", "tokens_regenerated",
-                                                             "notice_to_engine_gone_s", "affected_samples_done_s")}))
+    assert result["lost_samples"] == 0 and result["complete_samples"] == result["requests"]
+    assert result["migrated_requests"] > 0 and result["tokens_regenerated"] == 0
+    before = result["tokens_before_notice_on_engine"]  # the engine's counter: health probes add a token each
+    assert 0 < result["tokens_kept"] <= before and result["tokens_kept"] >= before - 3
+    # the engine and its placement group are gone before the deadline, and the node leaves
+    assert result["gone_before_deadline"] is True and result["notice_to_engine_gone_s"] < deadline_s
+    assert result["node_gone_s"] is not None
+
+
+def test_notices_keep_the_work_and_beat_the_deadline_and_a_past_deadline_loses_nothing(tiny_preset) -> None:
+    """(a) a notice through Ray's drain API, (b) Ray's own marking on SIGTERM to the node's `ray start --block`,
+    (c) a deadline already past: an abrupt loss, retried from the prompts, nothing lost. One cluster for all."""
+    migrate, sigterm, past = run(tiny_preset, "--modes", "migrate,sigterm,abort", "--deadline", "15")
+    assert (migrate["mode"], sigterm["mode"], past["mode"]) == ("migrate", "sigterm", "abort")
+    _kept_and_gone_in_time(migrate, 15)
+    _kept_and_gone_in_time(sigterm, 15)
+    assert sigterm["node_gone_s"] < 15  # `ray start --block` exited once its node was idle, before the deadline
+    assert past["lost_samples"] == 0 and past["complete_samples"] == past["requests"]
+    assert past["tokens_kept"] == 0 and past["tokens_regenerated"] > 0 and past["migrated_requests"] == 0
+    assert past["budget_s"] == 0
+    for r in (migrate, sigterm, past):
+        print(f"preemption ({r['mode']}):", json.dumps({k: r[k] for k in (
+            "tokens_kept", "tokens_regenerated", "notice_to_engine_gone_s", "affected_samples_done_s")}))

@@ -29,23 +29,6 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def test_it_learns_with_bounded_staleness(tiny_preset, tmp_path: Path) -> None:
-    out = tmp_path / "learn"
-    result = train(tiny_preset, out, "--eval-prompt-data", "tiny", str(tiny_preset.eval_path), "--eval-interval",
-                   "30", "--n-samples-per-eval-prompt", "2", num_rollout=30, staleness=2)
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["training_steps"] == 30
-    assert summary["reward_last5_mean"] - summary["reward_first5_mean"] >= 0.3, summary
-    for row in read_jsonl(out / "sample_versions.jsonl"):
-        assert max(row["trainer_version"] - v for v in row["sample_versions"]) <= 2
-    assert "training step 30/30" in result.stderr
-    assert (out / "training.png").stat().st_size > 0
-    rows = read_jsonl(out / "metrics.jsonl")
-    evals = [r for r in rows if r["kind"] == "eval"]
-    assert len(evals) == 2  # before training and at step 30
-    assert any(Path(out).glob("events.out.tfevents.*")) or any(Path(out).rglob("events.out.tfevents.*"))
-
-
 def expected_prompt_indices(preset, steps: int) -> list[list[int]]:
     """The data order the run must follow: --rollout-shuffle with the default seed, 8 prompts a step."""
     from transformers import AutoTokenizer
@@ -58,22 +41,36 @@ def expected_prompt_indices(preset, steps: int) -> list[list[int]]:
     return [sorted({r.index for r in stream.next_batch(8).records}) for _ in range(steps)]
 
 
-def test_on_policy_and_resume_continue_at_the_same_data_position(tiny_preset, tmp_path: Path) -> None:
-    expected = expected_prompt_indices(tiny_preset, 5)
-    ckpt = tmp_path / "ckpt"
-    first = tmp_path / "first"
-    train(tiny_preset, first, "--save", str(ckpt), "--save-interval", "3", num_rollout=3, staleness=0)
-    assert (ckpt / "latest").read_text().strip() == "step_000003"
-    rows = read_jsonl(first / "sample_versions.jsonl")
-    assert [r["prompt_indices"] for r in rows] == expected[:3]
-    for row in rows:  # --max-staleness 0: strictly on-policy
-        assert set(row["sample_versions"]) == {row["trainer_version"]}
+
+def test_it_learns_with_bounded_staleness_then_resumes_on_policy_at_the_same_data_position(
+        tiny_preset, tmp_path: Path) -> None:
+    """30 steps with --max-staleness 2 that must learn, checkpointed at the end; then a resumed run of 2 more
+    steps, strictly on-policy, that continues at the data position where the first stopped (one run each)."""
+    expected = expected_prompt_indices(tiny_preset, 32)
+    out, ckpt = tmp_path / "learn", tmp_path / "ckpt"
+    result = train(tiny_preset, out, "--eval-prompt-data", "tiny", str(tiny_preset.eval_path), "--eval-interval",
+                   "30", "--n-samples-per-eval-prompt", "2", "--save", str(ckpt), "--save-interval", "30",
+                   num_rollout=30, staleness=2)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["training_steps"] == 30
+    assert summary["reward_last5_mean"] - summary["reward_first5_mean"] >= 0.3, summary
+    rows = read_jsonl(out / "sample_versions.jsonl")
+    assert [r["prompt_indices"] for r in rows] == expected[:30]  # one batch a step, in the seeded order
+    for row in rows:
+        assert max(row["trainer_version"] - v for v in row["sample_versions"]) <= 2
+    assert "training step 30/30" in result.stderr
+    assert (out / "training.png").stat().st_size > 0
+    metrics = read_jsonl(out / "metrics.jsonl")
+    evals = [r for r in metrics if r["kind"] == "eval"]
+    assert len(evals) == 2  # before training and at step 30
+    assert any(Path(out).glob("events.out.tfevents.*")) or any(Path(out).rglob("events.out.tfevents.*"))
+    assert (ckpt / "latest").read_text().strip() == "step_000030"
 
     resumed = tmp_path / "resumed"
-    result = train(tiny_preset, resumed, "--load", str(ckpt / "step_000003"), num_rollout=5, staleness=0)
+    result = train(tiny_preset, resumed, "--load", str(ckpt / "step_000030"), num_rollout=32, staleness=0)
     rows = read_jsonl(resumed / "sample_versions.jsonl")
-    assert [r["step"] for r in rows] == [3, 4]
-    assert "training step 4/5" in result.stderr and "training step 3/5" not in result.stderr
-    assert [r["prompt_indices"] for r in rows] == expected[3:]  # the same data position
-    for row in rows:
+    assert [r["step"] for r in rows] == [30, 31]
+    assert "training step 31/32" in result.stderr and "training step 30/32" not in result.stderr
+    assert [r["prompt_indices"] for r in rows] == expected[30:]  # the same data position
+    for row in rows:  # --max-staleness 0: strictly on-policy
         assert set(row["sample_versions"]) == {row["trainer_version"]}

@@ -98,6 +98,8 @@ def test_scale_out_to_an_absolute_target_with_conflict_and_noop(elastic) -> None
     for engine in active:
         if engine["kind"] == "elastic":
             assert names[f"relax-{engine['engine_id']}"] == "CREATED"
+            # the join measure: decision -> ACTIVE now; -> first answer once it served (the next test)
+            assert engine["join_active_s"] > 0 and engine["join_first_answer_s"] is None
     status, body = call(elastic, "scale_out", {"num_replicas": 3})
     assert status == 200 and body["status"] == "NOOP"
     status, body = call(elastic, "scale_out", {"num_replicas": 4})
@@ -134,6 +136,11 @@ def test_scale_in_drains_for_real_and_loses_nothing(elastic) -> None:
     assert record["status"] == "COMPLETED", record
     outs = ray.get(in_flight, timeout=180)
     assert len(outs) == 24 and all(o.output["meta_info"]["completion_tokens"] == 200 for o in outs)
+    joins = ray.get(elastic.status.remote())["joins"]
+    for victim in victims:  # each served before it left: its join measure closed on its first answer
+        assert joins[victim]["decision_to_first_answer_s"] >= joins[victim]["decision_to_active_s"] > 0
+    joined = [e for e in ray.get(elastic.recent_events.remote(200)) if e["message"].startswith("joined:")]
+    assert {v for e in joined for v in e["engine_ids"]} >= set(victims)
     remaining = engines(elastic)
     assert [e["kind"] for e in remaining] == ["initial"]
     names = groups_by_name()

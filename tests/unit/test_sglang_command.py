@@ -20,6 +20,7 @@ from relax.engines.sglang import (
     SGLangVersionError,
     api_key_from_env,
     check_sglang_version,
+    engine_secret,
     parse_extra_args,
     sglang_command,
     sglang_spec,
@@ -191,6 +192,21 @@ def test_api_key_from_env() -> None:
     assert api_key_from_env({SGLANG_API_KEY_ENV: ""}) is None
     assert api_key_from_env({SGLANG_API_KEY_ENV: "  \n"}) is None
     assert api_key_from_env({SGLANG_API_KEY_ENV: "s3cret\n"}) == "s3cret"  # $(cat keyfile) leaves a newline
+
+
+def test_every_run_has_an_engine_secret_the_users_key_first() -> None:
+    first, second = engine_secret({}), engine_secret({})
+    assert first != second and len(first) >= 40  # 32 random bytes, URL-safe: a fresh one per run
+    assert engine_secret({"RELAX_ENGINE_API_KEY": "mine\n"}) == "mine"
+    assert engine_secret({SGLANG_API_KEY_ENV: "sg", "RELAX_ENGINE_API_KEY": "mine"}) == "sg"
+
+
+def test_the_builtin_engine_gets_its_key_in_the_environment_not_argv() -> None:
+    from relax.engines.launcher import BuiltinOptions, builtin_spec
+
+    spec = builtin_spec("/m", "127.0.0.1", 30000, "/tmp/e.log", options=BuiltinOptions(api_key="k3y"))
+    assert "k3y" not in " ".join(spec.argv) and "k3y" not in repr(spec)
+    assert spec.env["RELAX_ENGINE_API_KEY"] == "k3y" and spec.token == "k3y"  # the health probe sends it
 
 
 def test_api_key_from_env_reads_the_process_environment(monkeypatch: pytest.MonkeyPatch) -> None:

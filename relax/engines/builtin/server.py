@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
 import os
 import signal
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +68,8 @@ class ServerArgs:
     seed: int = 0
     served_model_name: str | None = None
     log_level: str = "info"
+    api_key: str | None = field(default=None, repr=False)
+    """SGLang's ``--api-key``: every route but ``/health*`` and ``/metrics`` needs ``Bearer <key>``."""
 
 
 class ApiError(Exception):
@@ -288,9 +291,28 @@ class BuiltinServer:
                 "vocab_size": self.vocab_size, "max_context_length": self.max_context}
 
 
+# Open without the key, as on SGLang: probes and scrapers carry no credentials.
+OPEN_PATHS = ("/health", "/health_generate", "/metrics")
+# The key can come from the environment instead of argv, so that `ps` does not show it (Relax launches so).
+API_KEY_ENV = "RELAX_ENGINE_API_KEY"
+
+
+def _authorized(header: str | None, key: str) -> bool:
+    expected = f"Bearer {key}".encode()
+    return header is not None and hmac.compare_digest(header.encode(), expected)
+
+
 def create_app(server: BuiltinServer) -> FastAPI:
     app = FastAPI(title="Relax built-in engine", version=__version__)
     engine = server.engine
+    key = server.args.api_key
+
+    if key:
+        @app.middleware("http")
+        async def _require_key(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+            if request.url.path in OPEN_PATHS or _authorized(request.headers.get("authorization"), key):
+                return await call_next(request)
+            return _error(401, "unauthorized: this engine needs 'Authorization: Bearer <its API key>'")
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -1,0 +1,59 @@
+"""Engines need a secret: a built-in engine started with a key refuses every call without it (401) and changes
+nothing; ``/health`` and ``/metrics`` stay open, as on SGLang with ``--api-key``."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+KEY = "engine-secret-for-the-test"
+OPEN = {("GET", "/health"), ("GET", "/health_generate"), ("GET", "/metrics")}
+# A body each control route would act on if it let the caller in: pausing, loading, aborting, flushing.
+BODIES = {
+    "/generate": {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 4, "ignore_eos": True}},
+    "/pause_generation": {"mode": "abort"},
+    "/update_weights_from_disk": {"model_path": "/tmp", "weight_version": "666"},
+    "/abort_request": {"abort_all": True},
+    "/update_weight_version": {"new_version": "666"},
+    "/init_weights_update_group": {"master_address": "127.0.0.1", "master_port": 1, "rank_offset": 1,
+                                   "world_size": 2, "group_name": "intruder", "backend": "gloo"},
+    "/begin_weight_update": {"weight_version": "666"},
+}
+BAD_HEADERS = [{}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {KEY}"},
+               {"Authorization": KEY}, {"Authorization": "Bearer"}, {"authorization": f"bearer{KEY}"}]
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_preset, start_engine):
+    return start_engine(tiny_preset.model_dir, env={"RELAX_ENGINE_API_KEY": KEY})
+
+
+def _routes(url: str) -> list[tuple[str, str]]:
+    spec = httpx.get(f"{url}/openapi.json", headers={"Authorization": f"Bearer {KEY}"}, timeout=10,
+                     trust_env=False).json()
+    return sorted((method.upper(), path) for path, item in spec["paths"].items() for method in item)
+
+
+def test_every_route_but_health_and_metrics_refuses_a_missing_or_wrong_key_and_changes_nothing(engine) -> None:
+    url, good = engine.url, {"Authorization": f"Bearer {KEY}"}
+    routes = _routes(url)
+    assert ("POST", "/update_weights_from_disk") in routes and ("POST", "/pause_generation") in routes
+    before = httpx.get(f"{url}/model_info", headers=good, timeout=10, trust_env=False).json()
+    with httpx.Client(base_url=url, timeout=30, trust_env=False) as http:
+        for method, path in routes:
+            for headers in BAD_HEADERS:
+                answer = http.request(method, path, json=BODIES.get(path, {}), headers=headers)
+                if (method, path) in OPEN:
+                    assert answer.status_code == 200, (method, path, answer.text)
+                else:
+                    assert answer.status_code == 401, (method, path, headers, answer.status_code, answer.text)
+                    assert "API key" in answer.json()["error"]["message"]
+        for path in ("/openapi.json", "/docs"):  # the route list itself is not handed out either
+            assert http.get(path).status_code == 401
+        # nothing changed: same weights and version, not paused, no weight group joined, still serving
+        after = http.get("/model_info", headers=good).json()
+        assert after["weight_version"] == before["weight_version"]
+        info = http.get("/server_info", headers=good).json()
+        assert info["weight_update_groups"] == [] and not info.get("paused")
+        out = http.post("/generate", headers=good, json=BODIES["/generate"])
+        assert out.status_code == 200 and out.json()["meta_info"]["completion_tokens"] == 4
