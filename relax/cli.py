@@ -36,7 +36,8 @@ def _cmd_preset_smollm2(args: argparse.Namespace) -> int:
 def _cmd_engine_serve(args: argparse.Namespace) -> int:
     import os
 
-    from relax.engines.builtin.server import API_KEY_ENV, ServerArgs, serve
+    from relax.engines.builtin.server import ServerArgs, serve
+    from relax.engines.launcher import ENGINE_API_KEY_ENV
 
     model = Path(args.model_path)
     if not (model / "config.json").is_file():
@@ -47,7 +48,7 @@ def _cmd_engine_serve(args: argparse.Namespace) -> int:
         model_path=str(model), host=args.host, port=args.port, max_running_requests=args.max_running_requests,
         max_total_tokens=args.max_total_tokens, weight_version=args.weight_version, device=args.device,
         num_threads=args.num_threads, seed=args.seed, served_model_name=args.served_model_name,
-        log_level=args.log_level, api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
+        log_level=args.log_level, api_key=args.api_key or os.environ.get(ENGINE_API_KEY_ENV) or None,
     ))
     return 0
 

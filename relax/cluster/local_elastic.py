@@ -327,7 +327,8 @@ def _fmt_bundles(bundles: Iterable[dict[str, float]]) -> str:
                            for b in bundles) + "]"
 
 
-def _gcs_client(address: str) -> Any:
+def connect_gcs(address: str) -> Any:
+    """A GCS client for ``address`` (no driver: safe beside a process's own local Ray)."""
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     from ray._raylet import GcsClient
 
@@ -345,7 +346,7 @@ def read_status(address: str, *, elastic_node_type: str = ELASTIC_NODE_TYPE, tim
     from ray.core.generated.autoscaler_pb2 import NodeStatus as PbNodeStatus
     from ray.core.generated.gcs_pb2 import GcsNodeInfo
 
-    client = gcs_client if gcs_client is not None else _gcs_client(address)
+    client = gcs_client if gcs_client is not None else connect_gcs(address)
     reply = GetClusterResourceStateReply()
     reply.ParseFromString(client.get_cluster_resource_state(timeout_s=timeout))
     state = reply.cluster_resource_state
@@ -574,7 +575,7 @@ def _cleanup_dir(info: ClusterInfo) -> None:
         shutil.rmtree(info.root_dir, ignore_errors=True)
 
 
-def _ray_executable() -> list[str]:
+def ray_executable() -> list[str]:
     """The ``ray`` CLI of *this* interpreter's environment (never some other ``ray`` on PATH)."""
     candidate = Path(sys.executable).parent / "ray"
     if candidate.is_file():
@@ -684,7 +685,7 @@ class ElasticCluster:
         log_path = root / "head.log"
 
         cmd = [
-            *_ray_executable(), "start", "--head", "--block",
+            *ray_executable(), "start", "--head", "--block",
             f"--port={port}",
             f"--num-cpus={cfg.effective_head_cpus}",
             f"--num-gpus={cfg.head_gpus}",
@@ -770,7 +771,7 @@ class ElasticCluster:
                 if self._gcs is None:
                     with socket.create_connection((info.node_ip, info.port), timeout=1.0):
                         pass
-                    self._gcs = _gcs_client(info.address)
+                    self._gcs = connect_gcs(info.address)
                 nodes = self._gcs.get_all_node_info(timeout=2.0)
                 for node in nodes.values():
                     if node.is_head_node and node.state == GcsNodeInfo.ALIVE:
@@ -844,7 +845,7 @@ class ElasticCluster:
     def status(self, timeout: float = 10.0) -> ClusterStatus:
         """Nodes alive with their resources, pending placement groups and demand (from the GCS)."""
         if self._gcs is None:
-            self._gcs = _gcs_client(self.address)
+            self._gcs = connect_gcs(self.address)
         return read_status(self.address, elastic_node_type=self.info.elastic_node_type, timeout=timeout,
                            gcs_client=self._gcs)
 

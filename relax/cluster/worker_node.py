@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from relax.cluster.local_elastic import ElasticClusterError, _gcs_client, _ray_executable
+from relax.cluster.local_elastic import ElasticClusterError, connect_gcs, ray_executable
 from relax.cluster.network import free_port
 
 __all__ = ["WorkerNode", "WorkerNodeConfig"]
@@ -66,7 +66,7 @@ class WorkerNode:
         cfg = self.config
         before = set(_alive_node_ids(self.address))
         cmd = [
-            *_ray_executable(), "start", f"--address={self.address}", "--block",
+            *ray_executable(), "start", f"--address={self.address}", "--block",
             f"--num-cpus={cfg.num_cpus}", f"--num-gpus={cfg.num_gpus}",
             f"--resources={json.dumps(cfg.resources)}", f"--object-store-memory={cfg.object_store_mb * MB}",
             # fixed default ports collide with the head's and other nodes' on one machine
@@ -130,5 +130,5 @@ class WorkerNode:
 def _alive_node_ids(address: str) -> list[str]:
     from ray.core.generated.gcs_pb2 import GcsNodeInfo
 
-    infos = _gcs_client(address).get_all_node_info(timeout=10)
+    infos = connect_gcs(address).get_all_node_info(timeout=10)
     return [node_id.hex() for node_id, info in infos.items() if info.state == GcsNodeInfo.ALIVE]

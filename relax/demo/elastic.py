@@ -24,6 +24,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
+from relax.engines.launcher import ENGINE_API_KEY_ENV
 from relax.presets.tiny import TinyPreset
 
 T = TypeVar("T")
@@ -36,9 +37,10 @@ CHAT_PROMPT = "<|im_start|>user\nWhat is 3 + 4?<|im_end|>\n<|im_start|>assistant
 # A bounded burst (count and time) on loopback; runs in its own process so the caller keeps polling.
 BURST_SCRIPT = """
 import asyncio, os, sys
+from relax.engines.launcher import ENGINE_API_KEY_ENV
 from relax.engines.loadgen import run_burst
 prompt = sys.argv[1]
-token = os.environ.get("RELAX_ENGINE_API_KEY") or None
+token = os.environ.get(ENGINE_API_KEY_ENV) or None
 async def main():
     await asyncio.gather(*(run_burst(u, prompt, requests=400, concurrency=200, max_new_tokens=200, token=token)
                            for u in sys.argv[2:]))
@@ -103,7 +105,7 @@ def job_env(cluster_env: dict[str, str], preset: TinyPreset, exp_dir: Path, api_
         "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
         "MODEL_DIR": str(preset.root), "DATA_DIR": str(preset.root), "EXP_DIR": str(exp_dir),
         "AUTOSCALER_CONFIG": TINY_AUTOSCALER, "WORKING_DIR": "./", "RAY_NO_WAIT": "1",
-        "RELAX_API_PORT": str(api_port), "RELAX_ENGINE_API_KEY": secrets.token_urlsafe(24), **overrides,
+        "RELAX_API_PORT": str(api_port), ENGINE_API_KEY_ENV: secrets.token_urlsafe(24), **overrides,
     }
 
 
@@ -120,7 +122,7 @@ def submit_tiny_job(env: dict[str, str]) -> str:
 
 def start_burst(urls: list[str], token: str | None = None) -> subprocess.Popen[bytes]:
     """The load generator, in its own process; ``token``: the engines' secret (the run's RELAX_ENGINE_API_KEY)."""
-    env = {**os.environ, "RELAX_ENGINE_API_KEY": token or ""}
+    env = {**os.environ, ENGINE_API_KEY_ENV: token or ""}
     return subprocess.Popen([sys.executable, "-c", BURST_SCRIPT, CHAT_PROMPT, *urls], env=env)
 
 
@@ -190,7 +192,7 @@ def _run_elastic_demo(workdir: Path, *, num_rollout: int, console: Console) -> i
         show("check 1: training advances on the initial engines")
         console.print("[bold]4. load[/]: a bounded burst of 800 requests on the engines (loopback)")
         began = time.monotonic()
-        burst = start_burst([e["url"] for e in api.active()], token=env["RELAX_ENGINE_API_KEY"])
+        burst = start_burst([e["url"] for e in api.active()], token=env[ENGINE_API_KEY_ENV])
         try:
             wait_until(lambda: running() and len(api.active()) > 2, 300, "more engines under load")
             show(f"check 2: +{len(api.active()) - 2} engine(s) ACTIVE after {time.monotonic() - began:.0f}s")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import signal
 import subprocess
@@ -64,7 +65,7 @@ def _stop_group(child: subprocess.Popen[bytes], grace_s: float) -> None:
         os.killpg(pgid, signal.SIGKILL)  # includes us: nothing of the group survives
 
 
-def _die_with_the_guard() -> None:
+def _die_with_the_guard(guard_pid: int) -> None:
     """In the server, before exec: SIGKILL when the guard dies (``PR_SET_PDEATHSIG``).
 
     Safe here, unlike in a Ray worker: the guard forks from its only thread, which lives as long as the guard.
@@ -75,13 +76,14 @@ def _die_with_the_guard() -> None:
 
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
-    if os.getppid() == 1:  # the guard died before the call: nothing would deliver the signal
+    if os.getppid() != guard_pid:  # the guard died before the call (re-parented): nothing would signal us
         os._exit(137)
 
 
 def run(owner_pid: int, argv: Sequence[str], *, poll_s: float = POLL_S, grace_s: float = GRACE_S) -> int:
     # same process group (ours), stdout/stderr inherited (the server log); the server dies with us
-    child = subprocess.Popen(list(argv), preexec_fn=_die_with_the_guard if sys.platform == "linux" else None)
+    die = functools.partial(_die_with_the_guard, os.getpid()) if sys.platform == "linux" else None
+    child = subprocess.Popen(list(argv), preexec_fn=die)
     stopping = threading.Event()
 
     def forward(signum: int, _frame: object) -> None:

@@ -26,6 +26,9 @@ import httpx
 logger = logging.getLogger(__name__)
 
 DEFAULT_HEALTH_PATH = "/health_generate"
+#: The built-in engine reads its key here (not from argv, so `ps` does not show it); users set it to choose
+#: the run's engine secret themselves (relax.engines.sglang.engine_secret).
+ENGINE_API_KEY_ENV = "RELAX_ENGINE_API_KEY"
 # Lines of the server log quoted in launch errors: enough for a Python traceback, short enough to read.
 LOG_TAIL_LINES = 40
 _TAIL_BYTES = 64 * 1024
@@ -360,7 +363,7 @@ def builtin_spec(
         merged_env["OMP_NUM_THREADS"] = str(options.num_threads)
     merged_env.update(env or {})
     if options.api_key:
-        merged_env["RELAX_ENGINE_API_KEY"] = options.api_key
+        merged_env[ENGINE_API_KEY_ENV] = options.api_key
     return LaunchSpec(argv=tuple(argv), host=host, port=int(port), log_path=str(log_path), env=merged_env, name=name,
                       token=options.api_key)
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from relax.engines.launcher import LaunchSpec
+from relax.engines.launcher import ENGINE_API_KEY_ENV, LaunchSpec
 
 SGLANG_MODULE = "sglang.launch_server"
 
@@ -36,7 +36,6 @@ VERIFIED_SGLANG = "0.5.23"
 SGLANG_PIP_SPEC = "sglang>=0.5,<0.6"
 #: Environment variable holding SGLang's ``--api-key``, so the key needs no place in configs or command lines.
 SGLANG_API_KEY_ENV = "RELAX_SGLANG_API_KEY"
-ENGINE_API_KEY_ENV = "RELAX_ENGINE_API_KEY"
 #: How long asking an interpreter for its SGLang version may take (a cold import of importlib is fast;
 #: a network file system on a busy node is not).
 VERSION_CHECK_TIMEOUT_S = 60.0

@@ -14,6 +14,7 @@ from typing import Any
 
 from relax.rollout.events import SCALE_EVENT_KINDS, EventLog
 from relax.rollout.executor import ScaleExecutor
+from relax.rollout.joins import JoinLog
 from relax.rollout.pool import EnginePool
 from relax.rollout.scaling import (
     DEFAULT_MODEL,
@@ -36,7 +37,7 @@ class RolloutControl:
         *,
         in_flight: Callable[[str], int] | None = None,
         run_status: Callable[[], Mapping[str, Any]] = dict,
-        joins: Callable[[], Mapping[str, Mapping[str, Any]]] = dict,
+        joins: JoinLog | None = None,
     ) -> None:
         self.pool = pool
         self.executor = executor
@@ -52,13 +53,16 @@ class RolloutControl:
             check_model_name(model_name)
         self._refresh_in_flight()
         live = [r for r in self.pool.records() if not r.state.terminal]
-        joins = self._joins()
         view = [{"engine_id": r.engine_id, "url": r.url, "kind": r.kind.value, "status": r.state.value,
                  "weight_version": r.weight_version, "in_flight": r.in_flight, "node_id": r.node_id,
-                 "join_active_s": joins.get(r.engine_id, {}).get("decision_to_active_s"),
-                 "join_first_answer_s": joins.get(r.engine_id, {}).get("decision_to_first_answer_s")} for r in live]
+                 **self._join_view(r.engine_id)} for r in live]
         return {"models": {model_name or DEFAULT_MODEL: {"engines": view}}, "total_engines": len(view),
                 "active_engines": len(self.pool.active())}
+
+    def _join_view(self, engine_id: str) -> dict[str, float | None]:
+        join = self._joins.get(engine_id) if self._joins is not None else None
+        return {"join_active_s": join.decision_to_active_s if join else None,
+                "join_first_answer_s": join.decision_to_first_answer_s if join else None}
 
     async def engine_urls(self) -> dict[str, str]:
         """ACTIVE engines' URLs (what the autoscaler scrapes)."""

@@ -32,6 +32,7 @@ from relax.engines.client import EngineClient, EngineError
 from relax.rollout.broadcast import BroadcastSettings, EngineGroup, close_group, open_group, send_version
 from relax.rollout.events import EventKind, EventLog
 from relax.rollout.eviction import Eviction, EvictionSettings, plan_evictions
+from relax.rollout.joins import JoinLog
 from relax.rollout.launcher import EngineLauncher, EngineSlot
 from relax.rollout.pool import EngineKind, EnginePool, EngineState
 from relax.rollout.router import Router
@@ -143,8 +144,7 @@ class EngineFleet:
         self._drain_task: asyncio.Task[None] | None = None
         self._drain_notices = drain_notices
         self.last_evictions: dict[str, dict[str, Any]] = {}  # per evicted engine: notice → gone, requests moved
-        # per joined engine: decision (its record created) → ACTIVE on the newest weights → first answer
-        self.joins: dict[str, dict[str, Any]] = {}
+        self.joins = JoinLog(time.time)  # per engine: decision → ACTIVE on the newest weights → first answer
         self._shutting_down = False
 
     # ------------------------------------------------------------------ views
@@ -223,27 +223,17 @@ class EngineFleet:
         self.routable.set()
         self._on_change()
         record = self.pool.get(engine_id)
-        self.joins[engine_id] = {"kind": record.kind.value, "weight_version": record.weight_version,
-                                 "decision_to_active_s": round(record.state_since - record.created_at, 3),
-                                 "decision_to_first_answer_s": None}
+        self.joins.active(engine_id, kind=record.kind.value, weight_version=record.weight_version,
+                          decided_at=record.created_at, active_at=record.state_since)
         log.info("%s ACTIVE at %s (weights v%s)", engine_id, url, record.weight_version)
 
     def note_answer(self, engine_id: str, version: int) -> None:
-        """A request answered on ``engine_id`` with weights ``version``: the first one closes the join measure.
+        """A request answered on ``engine_id`` with weights ``version``: the first one closes its join."""
+        join = self.joins.answered(engine_id, version)
+        if join is not None:
+            self.events.append(EventKind.ENGINE_STATE, join.message(), engine_ids=engine_id, details=join.to_dict())
+            log.info("%s %s", engine_id, join.message())
 
-        "Decision → first token on current weights" is bounded here by the first *answer*: the engine joins
-        the router only once it holds the newest version, so its first answer was generated on it.
-        """
-        join = self.joins.get(engine_id)
-        if join is None or join["decision_to_first_answer_s"] is not None or engine_id not in self.pool:
-            return
-        record = self.pool.get(engine_id)
-        join["decision_to_first_answer_s"] = round(time.time() - record.created_at, 3)
-        join["answer_weight_version"] = version
-        message = (f"joined: decision -> ACTIVE {join['decision_to_active_s']:.1f}s, -> first answer on weights "
-                   f"v{version} {join['decision_to_first_answer_s']:.1f}s")
-        self.events.append(EventKind.ENGINE_STATE, message, engine_ids=engine_id, details=dict(join))
-        log.info("%s %s", engine_id, message)
     async def bring_up_elastic(self, engine_id: str, *, timeout_s: float, cancelled: Callable[[], bool]) -> None:
         """A new placement (the provisioner's demand while pending), then bring-up; never raises.
 

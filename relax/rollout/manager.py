@@ -211,7 +211,7 @@ class RolloutManager:
             on_change=self._state_changed.set,
         )
         self.control = RolloutControl(self.pool, self.executor, self.event_log, in_flight=self.router.in_flight,
-                                      run_status=self._run_status, joins=lambda: self.fleet.joins)
+                                      run_status=self._run_status, joins=self.fleet.joins)
         self._generation: asyncio.Task[None] | None = None
         self._steps: dict[int, _StepStats] = {}
         self._error: BaseException | None = None
@@ -500,7 +500,7 @@ class RolloutManager:
             "weight_syncs": {eid: dict(t) for eid, t in self.fleet.last_syncs.items()},
             "migration": self.migration.to_dict(),
             "evictions": {eid: dict(e) for eid, e in self.fleet.last_evictions.items()},
-            "joins": {eid: dict(j) for eid, j in self.fleet.joins.items()},
+            "joins": self.fleet.joins.to_dict(),
         }
 
     async def report_training(self, metrics: dict[str, Any]) -> None:
@@ -549,10 +549,10 @@ class RolloutManager:
     def _last_join_and_eviction(self) -> dict[str, float]:
         """The newest engine join's and eviction's durations, for Relax's /metrics (absent until one happened)."""
         out: dict[str, float] = {}
-        answered = [j for j in self.fleet.joins.values() if j["decision_to_first_answer_s"] is not None]
-        if answered:
-            out["last_join_active_s"] = answered[-1]["decision_to_active_s"]
-            out["last_join_first_answer_s"] = answered[-1]["decision_to_first_answer_s"]
+        join = self.fleet.joins.latest_answered()
+        if join is not None and join.decision_to_first_answer_s is not None:
+            out["last_join_active_s"] = join.decision_to_active_s
+            out["last_join_first_answer_s"] = join.decision_to_first_answer_s
         gone = [e for e in self.fleet.last_evictions.values() if e.get("notice_to_gone_s") is not None]
         if gone:
             out["last_eviction_notice_to_gone_s"] = gone[-1]["notice_to_gone_s"]

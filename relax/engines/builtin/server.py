@@ -293,8 +293,6 @@ class BuiltinServer:
 
 # Open without the key, as on SGLang: probes and scrapers carry no credentials.
 OPEN_PATHS = ("/health", "/health_generate", "/metrics")
-# The key can come from the environment instead of argv, so that `ps` does not show it (Relax launches so).
-API_KEY_ENV = "RELAX_ENGINE_API_KEY"
 
 
 def _authorized(header: str | None, key: str) -> bool:
