@@ -40,7 +40,6 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import ray  # noqa: E402
@@ -334,7 +333,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="relax-bench-") as tmp:
         preset = build_tiny_preset(Path(tmp) / "tiny")
         start_local(num_gpus=8, num_cpus=8, log_to_driver=False,
-                    runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled"}})
+                    runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
         try:
             results = _run(args, preset, Path(tmp))
             leftover = sorted(

@@ -27,7 +27,6 @@ file, the loaded model): at 2 GB it runs with fewer engines on a 24 GiB machine 
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import statistics
 import sys
@@ -248,7 +247,6 @@ def main() -> int:
 
     from relax.cluster.connect import start_local
 
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     report: dict[str, Any] = {"benchmark": "weight_sync", "machine": machine(), "cases": [],
                               "broadcast_bucket_mib": args.bucket_mib or 512}
     with tempfile.TemporaryDirectory(prefix="relax-weight-sync-") as tmp:
@@ -257,7 +255,7 @@ def main() -> int:
         if not train_path.exists():
             train_path = next(Path(tmp, "tiny").rglob("train*.jsonl"))
         start_local(num_gpus=max(counts) + 1, num_cpus=max(counts) + 2, log_to_driver=False,
-                    runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled"}})
+                    runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
         try:
             for model in models:
                 size_gb = sum(f.stat().st_size for f in dirs[model].glob("*.safetensors")) / 1e9

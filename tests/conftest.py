@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+import secrets
 
 import pytest
 
-# Ray 2.60 turns token auth on once ~/.ray/auth_token exists; tests always run with it off.
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+# Tests run Ray the way users get it from Relax: token auth on (relax.cluster.ray_auth). One token for the
+# session, so every cluster a test starts (embedded, elastic, worker nodes) and every driver agree.
+os.environ.setdefault("RAY_AUTH_MODE", "token")
+os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
 # Keep torch from spreading over both cores in every process the tests start.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 

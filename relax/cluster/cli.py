@@ -92,6 +92,15 @@ def _exports(info: Any) -> str:
     return "\n".join(f"export {k}={shlex.quote(v)}" for k, v in info.env().items())
 
 
+def _use_cluster_token(info: Any) -> None:
+    """Talk to the recorded cluster with its own token (its file beats a stray RAY_AUTH_TOKEN in the shell)."""
+    from relax.cluster import ray_auth
+
+    if info.token_path:
+        os.environ.pop(ray_auth.TOKEN_ENV, None)
+    os.environ.update(info.env())
+
+
 def _setup_logging() -> None:
     from relax.logs import setup_logging
 
@@ -156,6 +165,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"relax cluster status: not up (the cluster recorded in {path} is gone; "
               f"`relax cluster down` cleans up)", file=sys.stderr)
         return 1
+    _use_cluster_token(info)
     try:
         status = read_status(info.address, elastic_node_type=info.elastic_node_type, timeout=10.0)
     except Exception as exc:  # noqa: BLE001 - report any GCS failure as a clear one-liner
@@ -179,6 +189,7 @@ def cmd_down(args: argparse.Namespace) -> int:
     if info is None:
         print(f"relax cluster down: not up (no state file {path})", file=sys.stderr)
         return 1
+    _use_cluster_token(info)  # its running jobs are stopped first, through its jobs API
     try:
         pids = stop_cluster(info, timeout=args.timeout)
     except ElasticClusterError as exc:

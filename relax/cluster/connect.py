@@ -12,6 +12,7 @@ import os
 
 import ray
 
+from relax.cluster import ray_auth, scratch
 from relax.cluster.embedded import clean_stale_sessions, current_session_dir, mark_session
 from relax.config.plan import Plan
 
@@ -31,9 +32,18 @@ def _env_only_new(runtime_env: dict | None, *, skip_inherited: bool) -> dict | N
 
 
 def connect(plan: Plan, *, runtime_env: dict | None = None) -> str:
-    """Initialise Ray for the driver; returns "cluster" or "embedded"."""
+    """Initialise Ray for the driver; returns "cluster" or "embedded".
+
+    First, what crashed runs left in this node's scratch space (weight copies in shared memory) goes: only
+    directories no live process leases (``relax.cluster.scratch``), so a concurrent run keeps its own.
+    """
+    scratch.sweep()
     address = os.environ.get("RAY_ADDRESS")
     if address:
+        if not ray_auth.warn_if_disabled(os.environ, f"driver of {address}") and not ray_auth.has_token(os.environ):
+            log.warning("connecting to %s without a Ray auth token (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or "
+                        "~/.ray/auth_token): a cluster with token auth will refuse this driver; one without it "
+                        "takes code from anyone who can reach it (docs/install.md, 'Security')", address)
         ray.init(address=address, runtime_env=_env_only_new(runtime_env, skip_inherited=True),
                  log_to_driver=True)
         log.info("connected to the Ray cluster at %s", address)
@@ -54,10 +64,13 @@ def start_local(num_gpus: int, num_cpus: int, *, resources: dict[str, float] | N
     """Start an embedded local Ray cluster with the settings these machines need (MACHINE-NOTES).
 
     ``address="local"`` so a stray ``RAY_ADDRESS`` or a running cluster is never joined by accident; no
-    dashboard (slow to start, and nothing here needs it); token auth off, since Ray 2.60 turns it on once
-    ``~/.ray/auth_token`` exists and a local driver then hangs. GPUs are logical: placement only.
+    dashboard (slow to start, and nothing here needs it). Locked (``relax.cluster.ray_auth``): every process
+    listens on 127.0.0.1 only, and Ray's token auth is on with the caller's ``RAY_AUTH_TOKEN`` or a new
+    per-run token that lives only in this process tree's environment. GPUs are logical: placement only.
     """
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    ray_auth.keep_on_loopback_in_process()
+    if not ray_auth.warn_if_disabled(os.environ, "embedded cluster"):
+        os.environ.update(ray_auth.locked_env(os.environ, loopback=True, token=ray_auth.cluster_token(os.environ)))
     clean_stale_sessions()  # what a driver killed by pid left behind (relax.cluster.embedded)
     ray.init(
         address="local",
@@ -71,3 +84,7 @@ def start_local(num_gpus: int, num_cpus: int, *, resources: dict[str, float] | N
     session = current_session_dir()
     if session is not None:
         mark_session(session)
+    node = ray.util.get_node_ip_address()
+    if node not in ("127.0.0.1", "::1"):  # a Ray upgrade that moved the switch: say so rather than hide it
+        log.warning("the embedded Ray cluster's node address is %s, not 127.0.0.1: its ports may be reachable "
+                    "from other machines (relax.cluster.ray_auth)", node)

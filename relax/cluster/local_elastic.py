@@ -13,7 +13,9 @@ Traps this module works around (measured, see MACHINE-NOTES "Fake autoscaling no
 * The provider config must carry ``gcs_address``; without it fake nodes dial port 6379 and hang silently.
 * The wheel lacks the example YAML that autoscaler v2 and the stock helper need, so we write a complete v1
   config and pin ``RAY_enable_autoscaler_v2=0``.
-* Ray 2.60 token auth hangs drivers that connect to an explicit address: ``RAY_AUTH_MODE=disabled``.
+* Locked like every cluster Relax starts (``relax.cluster.ray_auth``): node address 127.0.0.1 (every
+  process, fake nodes included, listens on loopback only) and Ray's token auth on; the token is the
+  caller's ``RAY_AUTH_TOKEN`` or a new one, kept in ``<root>/auth_token`` (0600) for later drivers.
 
 Nothing here calls ``ray.init``: status comes straight from the GCS through a ``GcsClient``, so the class is
 safe to use from a process that already runs its own local Ray (a pytest session, for instance).
@@ -43,6 +45,9 @@ from types import TracebackType
 from typing import Any
 
 import yaml
+
+from relax.cluster import ray_auth
+from relax.cluster.network import LOCALHOST as LOOPBACK
 
 logger = logging.getLogger(__name__)
 
@@ -200,6 +205,7 @@ class ClusterInfo:
     owns_root_dir: bool
     elastic_node_type: str = ELASTIC_NODE_TYPE
     session_dir: str | None = None
+    token_path: str | None = None  # Ray's auth token (0600); None: the cluster runs with auth off
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:
@@ -213,7 +219,13 @@ class ClusterInfo:
 
     def env(self) -> dict[str, str]:
         """Environment a driver (``ray.init()`` / ``ray job submit``) needs to talk to this cluster."""
-        env = {"RAY_ADDRESS": self.address, "RAY_AUTH_MODE": "disabled"}
+        env = {"RAY_ADDRESS": self.address}
+        if self.node_ip == LOOPBACK:  # else `ray.init` swaps 127.0.0.1 for the routable address, and fails
+            env[ray_auth.LOOPBACK_ENV] = "0"
+        if self.token_path:
+            env.update({ray_auth.MODE_ENV: "token", ray_auth.TOKEN_PATH_ENV: self.token_path})
+        else:
+            env[ray_auth.MODE_ENV] = "disabled"
         if self.dashboard_url:
             env["RAY_DASHBOARD_ADDRESS"] = self.dashboard_url
         return env
@@ -328,8 +340,11 @@ def _fmt_bundles(bundles: Iterable[dict[str, float]]) -> str:
 
 
 def connect_gcs(address: str) -> Any:
-    """A GCS client for ``address`` (no driver: safe beside a process's own local Ray)."""
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    """A GCS client for ``address`` (no driver: safe beside a process's own local Ray).
+
+    It authenticates with this process's Ray token (``RAY_AUTH_TOKEN`` / ``RAY_AUTH_TOKEN_PATH``); a process
+    that reaches a ``relax cluster up`` cluster gets them from ``ClusterInfo.env()``.
+    """
     from ray._raylet import GcsClient
 
     return GcsClient(address=address)
@@ -482,6 +497,40 @@ def _head_process(info: ClusterInfo) -> Any | None:
     return None
 
 
+def stop_jobs(info: ClusterInfo, timeout: float = 15.0) -> list[str]:
+    """Stop the cluster's running jobs through its jobs API and wait until they ended; returns their ids.
+
+    Why first: a job's driver is not a process of the cluster; once the GCS is gone it spins, reconnecting,
+    for about a minute before it gives up. Stopped through the API, Ray SIGTERMs the driver's process group
+    (SIGKILL after a few seconds) while the cluster can still record it. Best effort: without a dashboard
+    there are no jobs; an API error is logged, and the cluster is stopped anyway.
+    """
+    if not info.dashboard_url or _head_process(info) is None:
+        return []
+    try:
+        from ray.job_submission import JobStatus, JobSubmissionClient
+
+        client = JobSubmissionClient(info.dashboard_url,
+                                     headers=ray_auth.auth_headers({**os.environ, **info.env()}) or None)
+        running = [j.submission_id or j.job_id for j in client.list_jobs()
+                   if j.status in (JobStatus.PENDING, JobStatus.RUNNING)]
+        for job_id in running:
+            logger.info("elastic cluster %s: stopping job %s before the cluster", info.address, job_id)
+            client.stop_job(job_id)
+        deadline = time.monotonic() + timeout
+        left = list(running)
+        while left and time.monotonic() < deadline:
+            left = [j for j in left if not client.get_job_status(j).is_terminal()]
+            if left:
+                time.sleep(0.2)
+        if left:
+            logger.warning("elastic cluster %s: jobs %s did not stop within %.0fs", info.address, left, timeout)
+        return running
+    except Exception as exc:  # noqa: BLE001 - the cluster must still come down
+        logger.warning("elastic cluster %s: could not stop its jobs first: %s", info.address, exc)
+        return []
+
+
 def stop_cluster(info: ClusterInfo, timeout: float = 30.0, popen: subprocess.Popen[bytes] | None = None) -> list[int]:
     """Stop exactly the processes of this cluster and return the pids that were running. Safe to call twice.
 
@@ -494,6 +543,7 @@ def stop_cluster(info: ClusterInfo, timeout: float = 30.0, popen: subprocess.Pop
     """
     psutil = _psutil()
 
+    stop_jobs(info, timeout=min(15.0, timeout / 2))
     deadline = time.monotonic() + timeout
     procs = cluster_processes(info)
     pids = sorted(p.pid for p in procs)
@@ -597,8 +647,8 @@ class ElasticCluster:
     """A local Ray head with an autoscaler that adds and removes fake ``elastic`` nodes.
 
     Use as a context manager, or ``start()`` / ``stop()``. Drivers connect with
-    ``ray.init(address=cluster.address)`` (from another process if this one already runs Ray) and need
-    ``RAY_AUTH_MODE=disabled`` in their environment; ``cluster.info.env()`` has what they need.
+    ``ray.init(address=cluster.address)`` (from another process if this one already runs Ray) and need the
+    cluster's token in their environment; ``cluster.info.env()`` has what they need.
     """
 
     def __init__(self, config: ElasticClusterConfig | None = None) -> None:
@@ -663,9 +713,7 @@ class ElasticCluster:
         if cfg.include_dashboard and port_in_use(dashboard_port):
             raise ElasticClusterError(f"dashboard port {dashboard_port} is in use (another Ray dashboard?); "
                                       f"pick another one (--dashboard-port; 0 picks a free port)")
-        from ray._private.services import get_node_ip_address
-
-        node_ip = get_node_ip_address()
+        node_ip = LOOPBACK  # a one-machine cluster: nothing of it needs to be reachable from elsewhere
         address = f"{node_ip}:{port}"
 
         owns_root = cfg.root_dir is None
@@ -683,6 +731,9 @@ class ElasticCluster:
         config_path = root / "autoscaler.yaml"
         config_path.write_text(yaml.safe_dump(cfg.autoscaling_config(address), sort_keys=False))
         log_path = root / "head.log"
+        auth_off = ray_auth.warn_if_disabled(os.environ, "elastic cluster")
+        token_path = None if auth_off else ray_auth.write_token_file(root / "auth_token",
+                                                                     ray_auth.cluster_token(os.environ))
 
         cmd = [
             *ray_executable(), "start", "--head", "--block",
@@ -706,7 +757,8 @@ class ElasticCluster:
             **os.environ,
             "RAY_FAKE_CLUSTER": "1",
             "AUTOSCALER_UPDATE_INTERVAL_S": str(int(cfg.autoscaler_update_interval_s)),
-            "RAY_AUTH_MODE": "disabled",
+            **ray_auth.locked_env(os.environ, loopback=True),
+            **({} if token_path is None else {ray_auth.TOKEN_PATH_ENV: str(token_path)}),
             # The fake provider's node launch path only works with the v1 autoscaler in this wheel.
             "RAY_enable_autoscaler_v2": "0",
             "RAY_USAGE_STATS_ENABLED": "0",
@@ -717,6 +769,13 @@ class ElasticCluster:
         # A driver address inherited from the caller would make `ray start --head` confused about which
         # cluster it belongs to.
         env.pop("RAY_ADDRESS", None)
+        if token_path is not None:
+            env.pop(ray_auth.TOKEN_ENV, None)  # the file holds the same token: one source for every process
+            # This process talks to the cluster (GcsClient, jobs API) with the same token.
+            os.environ.setdefault(ray_auth.TOKEN_ENV, token_path.read_text().strip())
+            os.environ[ray_auth.MODE_ENV] = "token"
+        # ... and may attach a driver to it: Ray must take 127.0.0.1 as given, not swap in the routable address.
+        ray_auth.keep_on_loopback_in_process()
         with open(log_path, "ab") as log:
             self._popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                            env=env, start_new_session=True, cwd=str(root))
@@ -730,6 +789,7 @@ class ElasticCluster:
             address=address, node_ip=node_ip, port=port, dashboard_url=None, head_pid=self._popen.pid,
             head_pgid=self._popen.pid, head_create_time=create_time, root_dir=str(root), temp_dir=str(temp_dir),
             config_path=str(config_path), log_path=str(log_path), owns_root_dir=owns_root,
+            token_path=None if token_path is None else str(token_path),
             elastic_node_type=cfg.elastic_node_type,
             extra={"keep_root_dir": cfg.keep_root_dir, "head_gpus": cfg.head_gpus, "max_elastic": cfg.max_elastic,
                    "node_group": cfg.node_group, "dashboard_port": dashboard_port if cfg.include_dashboard else None},
@@ -799,7 +859,9 @@ class ElasticCluster:
                         text = raw.decode()
                         url = text if text.startswith("http") else f"http://{text}"
                 if url is not None:
-                    with urllib.request.urlopen(f"{url}/api/version", timeout=2.0) as resp:
+                    request = urllib.request.Request(f"{url}/api/version", headers=ray_auth.auth_headers(
+                        {**os.environ, **self.info.env()}))
+                    with urllib.request.urlopen(request, timeout=2.0) as resp:
                         if resp.status == 200:
                             return url
             except Exception as exc:  # noqa: BLE001 - URLError, connection reset, KV not written yet

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
+from relax.cluster import ray_auth
 from relax.cluster.local_elastic import ElasticClusterError, connect_gcs, ray_executable
 from relax.cluster.network import free_port
 
@@ -76,6 +77,9 @@ class WorkerNode:
         env = {**os.environ, "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": str(cfg.drain_timeout_s),
                "RAY_USAGE_STATS_ENABLED": "0", **cfg.env}
         env.pop("RAY_ADDRESS", None)
+        # Ray's loopback switch makes `ray start --address` refuse to join; a worker of a 127.0.0.1 head finds
+        # 127.0.0.1 on its own (relax.cluster.ray_auth). The token comes with the caller's environment.
+        env.pop(ray_auth.LOOPBACK_ENV, None)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             self._popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,

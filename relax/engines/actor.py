@@ -302,7 +302,16 @@ class EngineActor:
             return None
         code = server.stop(grace_s)
         logger.info("%s: shut down, server exit code %s", self.engine_id, code)
+        self._drop_scratch()
         return code
+
+    def _drop_scratch(self) -> None:
+        """This engine's weight copies go with it; the run's scratch directory goes with its last user."""
+        from relax.cluster import scratch
+
+        for root in scratch.held():
+            shutil.rmtree(root / "weights" / self.engine_id, ignore_errors=True)
+        scratch.release()
 
     def __ray_shutdown__(self) -> None:
         """Ray calls this on graceful actor exit: never leave a server behind."""

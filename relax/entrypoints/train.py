@@ -160,6 +160,7 @@ class Driver:
     def _start(self) -> int:
         import ray
 
+        from relax.cluster import scratch
         from relax.cluster.connect import connect
         from relax.cluster.placement import create_groups
         from relax.rollout.control_plane import spawn_control_plane
@@ -167,6 +168,8 @@ class Driver:
         from relax.training.actor import TrainerConfig
         from relax.training.group import TrainerGroup
 
+        # Every process of this run shares one scratch directory per node, and no other run's (weight copies).
+        run_id = os.environ.get(scratch.RUN_ID_ENV) or scratch.new_run_id()
         mode = self.mode = connect(
             self.plan,
             runtime_env={
@@ -174,9 +177,12 @@ class Driver:
                     "OMP_NUM_THREADS": "1",
                     "TOKENIZERS_PARALLELISM": "false",
                     "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", ""),
+                    scratch.RUN_ID_ENV: run_id,
                 }
             },
         )
+        log.info("run %s: scratch space %s/%s%s on each node", run_id, scratch.scratch_base(), scratch.PREFIX,
+                 run_id)
         self._install_signals()  # after ray.init: Ray's core worker installs its own SIGTERM handler
         problems = validate_plan_against_cluster(self.plan, ray.cluster_resources())
         if problems:
@@ -205,15 +211,23 @@ class Driver:
         return 0
 
     def _autoscaler_factory(self) -> Any:
-        """Built inside the control-plane actor: the autoscaler runs beside the REST API."""
+        """Built inside the control-plane actor: the autoscaler runs beside the REST API.
+
+        A given config is mounted whatever its ``enabled`` says: ``enabled: false`` means "watch, do not
+        act" (the service keeps scraping and evaluating, so ``/autoscaler/conditions`` shows what it would
+        do), and ``POST /autoscaler/enable`` must be able to turn it on at run time. Only a run without
+        ``--autoscaler-config`` has no autoscaler (and no ``/autoscaler`` routes).
+        """
         config = self.autoscaler_config
-        if config is None or not config.enabled:
+        if config is None:
             return None
         from relax.autoscaler.config import effective_bounds
         from relax.autoscaler.mount import AutoscalerFactory
 
         floor, ceiling, notes = effective_bounds(config, self.plan.initial_engines)
-        log.info("autoscaler enabled: pool between %d and %d engines%s", floor, ceiling,
+        state = ("enabled" if config.enabled
+                 else 'disabled (watching only; POST /autoscaler/enable {"enabled": true} turns it on)')
+        log.info("autoscaler mounted, %s: pool between %d and %d engines%s", state, floor, ceiling,
                  "; " + "; ".join(notes) if notes else "")
         return AutoscalerFactory(config, self.manager)
 
@@ -259,11 +273,11 @@ class Driver:
             self.run_dir, self.args.resolved_tensorboard_dir and Path(self.args.resolved_tensorboard_dir)
         )
         versions_log = (self.run_dir / "sample_versions.jsonl").open("a", encoding="utf-8")
-        began = time.monotonic()
         try:
             self._start()
             start_step, cursor = self._maybe_resume()
             if start_step > 0:
+                metrics.resume(start_step)  # one row per step across the segments; the summary covers them all
                 self._publish(start_step)
             if self.args.eval_prompt_data and not self.args.skip_eval_before_train and start_step == 0:
                 self._evaluate(metrics, start_step)
@@ -293,7 +307,7 @@ class Driver:
                 log.warning("%s: stopping after step %s", self.stop.signal_name, last_done[0] if last_done else "-")
                 if self.args.save and last_done is not None and last_done[0] != last_saved:
                     self._save(*last_done)
-            summary = summarize(metrics.train_rows, time.monotonic() - began)
+            summary = summarize(metrics.train_rows, metrics.wall_seconds())
             self._finish(summary, metrics, plot)
             return 0
         finally:
@@ -400,18 +414,35 @@ class Driver:
         )
 
     def _maybe_resume(self) -> tuple[int, dict[str, int] | None]:
+        """``--load``: a checkpoint directory, or a ``--save`` directory whose newest complete checkpoint is used.
+
+        The choice is ``find_resume_checkpoint``'s (the ``latest`` pointer may be stale after a crash), and the
+        log says which checkpoint and why. When this process sees no complete checkpoint there, ``--load`` goes
+        to the trainer as given, as before: rank 0, which reads it, may see a disk that the driver does not.
+        """
         if not self.args.load:
             return 0, None
-        extra = self.trainer.load(self.args.load)
+        from relax.training.checkpoint import find_resume_checkpoint
+
+        choice = find_resume_checkpoint(self.args.load)
+        if choice.path is None:
+            log.warning("--load %s: %s; the trainer loads it as given", self.args.load, choice.reason)
+            path = Path(self.args.load)
+        else:
+            log.info("resuming from %s", choice.reason)
+            path = choice.path
+        extra = self.trainer.load(str(path))
         step = int(extra["step"])
-        log.info("resumed from %s at step %d (data position %s)", self.args.load, step, extra.get("cursor"))
+        log.info("resumed from %s at step %d (data position %s)", path, step, extra.get("cursor"))
         return step, extra.get("cursor")
 
     def _save(self, step: int, cursor: dict[str, int] | None) -> None:
-        path = Path(self.args.save) / f"step_{step:06d}"
-        self.trainer.save(str(path), {"step": step, "cursor": cursor})
-        latest = Path(self.args.save) / "latest"
-        latest.write_text(path.name + "\n")
+        """Write the checkpoint, then (only once it is complete on disk) point ``latest`` at it, atomically."""
+        from relax.training.checkpoint import checkpoint_name, write_latest
+
+        path = Path(self.args.save) / checkpoint_name(step)
+        self.trainer.save(str(path), {"step": step, "cursor": cursor})  # returns once rank 0's rename is done
+        write_latest(self.args.save, path)
         log.info("checkpoint saved: %s", path)
 
     def _finish(self, summary: dict[str, Any], metrics: Any, plot_fn: Any) -> None:
@@ -455,6 +486,9 @@ class Driver:
             ray.shutdown()
         if session is not None:  # nothing of the embedded cluster outlives the driver (Ray's agents can)
             stop_session(session, why="the driver is exiting")
+        from relax.cluster import scratch
+
+        scratch.sweep()  # this run's scratch on this node, now that its processes are gone (never another run's)
 
 
 class _Progress:

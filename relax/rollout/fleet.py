@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from relax.engines.client import EngineClient, EngineError
+from relax.logs import failure_cause
 from relax.rollout.broadcast import BroadcastSettings, EngineGroup, close_group, open_group, send_version
 from relax.rollout.events import EventKind, EventLog
 from relax.rollout.eviction import Eviction, EvictionSettings, plan_evictions
@@ -285,7 +286,7 @@ class EngineFleet:
                       else EngineState.FAILED)
             self.pool.transition(engine_id, target, error=None if cancelled else reason)
         if not cancelled:
-            log.warning("%s failed to come up: %s", engine_id, reason.splitlines()[0])
+            log.warning("%s failed to come up: %s", engine_id, reason)
         await self._release(engine_id, grace_s=5.0)
 
     # ------------------------------------------------------------------ weights
@@ -489,14 +490,15 @@ class EngineFleet:
             return
         if not confirmed and await self.launcher.is_alive(engine_id, HEALTH_TIMEOUT_S):
             log.info("%s did not answer a request (%s) but its server runs: kept, the request is retried "
-                     "elsewhere", engine_id, _first_line(exc))
+                     "elsewhere", engine_id, failure_cause(exc))
             return
         if self.pool.get(engine_id).state is not EngineState.ACTIVE:  # changed while we looked
             return
         self.router.remove(engine_id)
-        self.pool.transition(engine_id, EngineState.FAILED, error=str(exc)[:500])
+        cause = failure_cause(exc)  # the cause, not Ray's coloured task name: for the record, its event and the log
+        self.pool.transition(engine_id, EngineState.FAILED, error=cause)
         self._on_change()
-        log.warning("%s failed (%s); out of routing, its requests are retried elsewhere", engine_id, _first_line(exc))
+        log.warning("%s failed (%s); out of routing, its requests are retried elsewhere", engine_id, cause)
         if not self.router.routable():
             self.routable.clear()
         self._spawn(self._after_failure(engine_id))
@@ -523,7 +525,7 @@ class EngineFleet:
                 return
             except Exception as exc:
                 log.error("restarting initial engine %s failed (attempt %d/%d): %s", engine_id, attempt,
-                          RESTART_ATTEMPTS, _first_line(exc))
+                          RESTART_ATTEMPTS, failure_cause(exc))
             if self._shutting_down:
                 return
             await asyncio.sleep(RESTART_BACKOFF_S * 2 ** (attempt - 1))
@@ -638,15 +640,12 @@ def _http_client(url: str, timeout: float, token: str | None = None) -> EngineCl
     return EngineClient(url, timeout=timeout, token=token)
 
 
-def _first_line(exc: BaseException) -> str:
-    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-
-
 def _describe_failure(exc: BaseException, state: EngineState) -> str:
-    """One operator-readable line; a bare timeout/cancellation says in which phase it struck."""
+    """One operator-readable line (``failure_cause``: a Ray error's cause, not its coloured task name); a bare
+    timeout/cancellation says in which phase it struck."""
     if isinstance(exc, asyncio.CancelledError | asyncio.TimeoutError | TimeoutError) and not str(exc):
         return f"timed out while {state.value} (scale-out timeout reached)"
-    return (str(exc) or type(exc).__name__)[:500]
+    return failure_cause(exc)
 
 
 def _version_or_zero(value: str) -> int:

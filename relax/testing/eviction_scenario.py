@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import time
@@ -160,7 +159,6 @@ def main(argv: list[str] | None = None) -> int:
     modes = [m for m in args.modes.split(",") if m]
     if unknown := [m for m in modes if m not in MODES]:
         parser.error(f"unknown mode(s) {', '.join(unknown)}; choose from {', '.join(MODES)}")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     import ray
 
     from relax.cluster.local_elastic import ElasticCluster, ElasticClusterConfig
@@ -171,11 +169,11 @@ def main(argv: list[str] | None = None) -> int:
         preset = build_tiny_preset(Path(args.preset or tmp) / "tiny") if not args.preset else _load(args.preset)
         cluster = ElasticCluster(ElasticClusterConfig(head_gpus=1, max_elastic=1, idle_timeout_minutes=0.5,
                                                       include_dashboard=False,
-                                                      env={"OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled"}))
+                                                      env={"OMP_NUM_THREADS": "1"}))
         info = cluster.start(timeout=120)
         try:
             ray.init(address=info.address, log_to_driver=False, logging_level="ERROR",
-                     runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled"}})
+                     runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
             for mode in modes:
                 result = run_mode(mode, cluster, preset, args.deadline, Path(tmp))
                 results.append(result)

@@ -16,7 +16,17 @@ the world size (resume on more or fewer trainer GPUs, or publish it as a plain H
 0's node needs the filesystem. The price is that rank 0 holds the full model + optimizer state in CPU
 memory while saving, which is fine for the model sizes this project targets (<= ~8 B on one node).
 The directory appears atomically (``weights.atomic_dir``): a crash mid-save leaves the previous
-checkpoint intact and no half-written one.
+checkpoint intact and no half-written one, only a ``.tmp-step_...`` sibling that never counts.
+
+Beside the checkpoints of a ``--save DIR``::
+
+    DIR/step_00000K/         one checkpoint per save (the name is ``checkpoint_name(K)``)
+    DIR/latest               the name of the newest one, one line; replaced atomically (``write_latest``)
+                             and only once its checkpoint is complete
+
+A crash between a checkpoint's rename and the pointer's replacement leaves ``latest`` naming the previous
+one, so resuming trusts the directory over the pointer: ``find_resume_checkpoint`` takes the newest
+*complete* checkpoint and says why when the pointer disagrees.
 
 The functions here do only file I/O; the collectives that gather and scatter the state live in
 ``relax.training.actor``.
@@ -25,7 +35,10 @@ The functions here do only file I/O; the collectives that gather and scatter the
 from __future__ import annotations
 
 import json
+import os
+import re
 import time
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,18 +50,27 @@ from relax.training.weights import WEIGHTS_FILE, atomic_dir, copy_model_files, w
 
 __all__ = [
     "FORMAT_VERSION",
+    "LATEST_FILE",
     "OPTIMIZER_FILE",
     "STATE_FILE",
+    "ResumeChoice",
     "TrainerCheckpoint",
+    "checkpoint_name",
+    "find_resume_checkpoint",
     "hf_support_files",
+    "is_complete",
+    "read_latest",
     "read_optimizer_state",
     "read_trainer_state",
     "write_checkpoint",
+    "write_latest",
 ]
 
 FORMAT_VERSION = 1
 OPTIMIZER_FILE = "optimizer.pt"
 STATE_FILE = "trainer_state.json"
+LATEST_FILE = "latest"
+_CHECKPOINT_NAME = re.compile(r"^step_(\d+)$")
 #: Files of an HF checkpoint that are not weights and that a checkpoint carries along.
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".index.json", ".gguf", ".msgpack", ".h5")
 
@@ -108,3 +130,137 @@ def read_trainer_state(ckpt_dir: str | Path) -> TrainerCheckpoint:
 def read_optimizer_state(ckpt_dir: str | Path) -> dict[str, Any]:
     """The full optimizer state dict (CPU tensors); ``weights_only`` because checkpoints may travel."""
     return torch.load(Path(ckpt_dir) / OPTIMIZER_FILE, map_location="cpu", weights_only=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# Which checkpoint to resume from
+
+
+def checkpoint_name(step: int) -> str:
+    """The directory name of the checkpoint taken after ``step`` training steps (``step_000030``)."""
+    return f"step_{step:06d}"
+
+
+def is_complete(ckpt_dir: str | Path) -> bool:
+    """Whether ``ckpt_dir`` is a finished checkpoint: ``atomic_dir`` renamed it into place.
+
+    Only a finished write has its final name, so the files a checkpoint is made of (a readable
+    ``trainer_state.json`` of this format, the weights, the optimizer state) being there under that name is
+    the mark. A ``.tmp-*``/``.old-*`` sibling of an interrupted write is never complete, whatever it holds.
+    """
+    path = Path(ckpt_dir)
+    if path.name.startswith((".tmp-", ".old-")) or not path.is_dir():
+        return False
+    if not (path / WEIGHTS_FILE).is_file() or not (path / OPTIMIZER_FILE).is_file():
+        return False
+    try:
+        read_trainer_state(path)
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return True
+
+
+def write_latest(save_dir: str | Path, ckpt_dir: str | Path) -> Path:
+    """Point ``save_dir/latest`` at ``ckpt_dir`` (a complete checkpoint in ``save_dir``), atomically.
+
+    Written to a temporary file, flushed to disk and ``os.replace``d: a crash leaves the old pointer or the new
+    one, never an empty or half-written file. Call it only after the checkpoint itself is complete (the trainer's
+    save returned), so the pointer never names a checkpoint that is not there. A checkpoint this process can see
+    is checked; one it cannot (rank 0 wrote it on another node's disk) is taken on the caller's word.
+    """
+    root, name = Path(save_dir), Path(ckpt_dir).name
+    if (root / name).exists() and not is_complete(root / name):
+        raise ValueError(f"{root / name} is not a complete checkpoint; the latest pointer must not name it")
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / f".{LATEST_FILE}.tmp-{uuid.uuid4().hex[:8]}"
+    try:
+        with tmp.open("w", encoding="utf-8") as handle:
+            handle.write(name + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, root / LATEST_FILE)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(root)
+    return root / LATEST_FILE
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make a rename in ``path`` durable where the platform allows it (best effort: not on every filesystem)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def read_latest(save_dir: str | Path) -> str | None:
+    """The checkpoint name ``save_dir/latest`` holds, or None when it is missing, empty or not a plain name."""
+    try:
+        text = (Path(save_dir) / LATEST_FILE).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return text if text and "/" not in text and "\\" not in text and text not in (".", "..") else None
+
+
+@dataclass(frozen=True)
+class ResumeChoice:
+    """What ``--load`` resumes from: ``path`` (None: nothing to resume, start at step 0), its step and why."""
+
+    path: Path | None
+    step: int
+    reason: str
+
+
+def find_resume_checkpoint(load: str | Path) -> ResumeChoice:
+    """The checkpoint ``--load`` resumes from, and why that one.
+
+    * ``load`` is a checkpoint directory (it holds ``trainer_state.json``): that one, as asked; this is also
+      how to resume from an older checkpoint on purpose. A ``step_*`` directory without it is an error.
+    * ``load`` is a ``--save`` directory: its newest *complete* checkpoint (``is_complete``) by step, whatever
+      ``latest`` says. The pointer can be stale (a crash after a checkpoint's rename, before the pointer's
+      replacement), missing, or name a checkpoint that is not complete; an interrupted write (``.tmp-*``) or a
+      directory without its files never counts. The reason says when the pointer was overruled.
+    * No complete checkpoint there, or no such directory: ``path`` is None and ``reason`` says what was seen.
+      (The caller decides; the driver then hands ``load`` to the trainer as given, since rank 0 may see a
+      filesystem that this process does not.)
+    """
+    given = Path(load)
+    if (given / STATE_FILE).is_file():
+        return ResumeChoice(given, read_trainer_state(given).step, f"--load names the checkpoint {given}")
+    if _CHECKPOINT_NAME.match(given.name) and given.is_dir():  # named as one, but not finished: never guess
+        raise FileNotFoundError(f"{given} is not a complete checkpoint (no {STATE_FILE}); give its --save "
+                                "directory to resume from the newest complete one")
+    if not given.is_dir():
+        return ResumeChoice(None, 0, f"{given} does not exist here")
+    complete: list[tuple[int, str]] = []
+    skipped: list[str] = []
+    for child in sorted(given.iterdir()):
+        is_checkpoint_name = _CHECKPOINT_NAME.match(child.name) is not None
+        if not is_checkpoint_name and not child.name.startswith(".tmp-step_"):
+            continue
+        if is_checkpoint_name and is_complete(child):
+            complete.append((read_trainer_state(child).step, child.name))
+        elif child.is_dir():
+            skipped.append(child.name)
+    ignored = f"; ignored, not complete: {', '.join(skipped)}" if skipped else ""
+    pointer = read_latest(given)
+    if not complete:
+        return ResumeChoice(None, 0, f"no complete checkpoint in {given}{ignored}")
+    step, name = max(complete)
+    if pointer == name:
+        why = f"the newest complete checkpoint, as {LATEST_FILE} says"
+    elif pointer is None:
+        why = f"the newest complete checkpoint ({LATEST_FILE} is missing or unreadable)"
+    elif pointer in {n for _s, n in complete}:
+        why = (f"the newest complete checkpoint; {LATEST_FILE} names the older {pointer} (stale: the run stopped "
+               "before it was updated)")
+    else:
+        why = f"the newest complete checkpoint; {LATEST_FILE} names {pointer}, which is not a complete checkpoint"
+    return ResumeChoice(given / name, step, f"{name} in {given}: {why}{ignored}")

@@ -1,29 +1,112 @@
-"""What people see of a run: metrics to JSONL and TensorBoard, the end summary and a PNG plot."""
+"""What people see of a run: metrics to JSONL and TensorBoard, the end summary and a PNG plot.
+
+A run may be several *segments*: it crashes (or is stopped) and resumes from its last checkpoint into the same
+output directory. ``metrics.jsonl`` stays one row per step across them: on resume from the checkpoint of step
+k, the rows the earlier segment logged after k (work that the checkpoint does not hold and that is done again)
+are dropped before the new segment appends (``MetricsLog.resume``), and the rows up to k are loaded, so the
+summary covers the whole run, not only its last segment.
+"""
 
 from __future__ import annotations
 
 import json
+import logging
 import math
+import os
+import time
+import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+log = logging.getLogger("relax.train")
+
+RUN_SECONDS = "time/run_s"
+"""Per train row: the run's wall seconds when the row was logged, over every segment up to it (see ``MetricsLog``)."""
+
 
 class MetricsLog:
-    """Appends one JSON object per training step and mirrors scalars to TensorBoard."""
+    """Appends one JSON object per training step and mirrors scalars to TensorBoard.
 
-    def __init__(self, out_dir: Path, tensorboard_dir: Path | None = None) -> None:
+    Every train row carries ``time/run_s``: the wall time of the run so far, i.e. this segment's seconds since
+    the log was opened plus ``prior_wall_s``, the earlier segments' wall time up to the checkpoint this segment
+    resumed from (the ``time/run_s`` of the last row kept by ``resume``). ``wall_seconds()`` is the same count
+    now, the denominator of ``summarize``'s ``samples_per_second``.
+    """
+
+    def __init__(self, out_dir: Path, tensorboard_dir: Path | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         out_dir.mkdir(parents=True, exist_ok=True)
         self.path = out_dir / "metrics.jsonl"
         self._file = self.path.open("a", encoding="utf-8")
         self.rows: list[dict[str, Any]] = []
-        self._tb = None
-        if tensorboard_dir is not None:
-            from torch.utils.tensorboard import SummaryWriter
+        self._clock = clock
+        self._began = clock()
+        self.prior_wall_s = 0.0
+        self._tensorboard_dir = tensorboard_dir
+        self._tb = self._open_tensorboard() if tensorboard_dir is not None else None
 
-            self._tb = SummaryWriter(str(tensorboard_dir))
+    def _open_tensorboard(self, purge_step: int | None = None) -> Any:
+        from torch.utils.tensorboard import SummaryWriter
+
+        return SummaryWriter(str(self._tensorboard_dir), purge_step=purge_step)
+
+    def wall_seconds(self) -> float:
+        """The run's wall time so far: earlier segments up to the resumed checkpoint, plus this segment's."""
+        return self.prior_wall_s + (self._clock() - self._began)
+
+    def resume(self, checkpoint_step: int) -> int:
+        """This segment continues the run from the checkpoint taken after ``checkpoint_step`` steps.
+
+        Rows logged after that step (by a segment that went on past its last checkpoint) are dropped from
+        ``metrics.jsonl`` (rewritten atomically: a crash leaves the old file or the new one) and from
+        TensorBoard (``purge_step``), because this segment logs those steps again; the rows up to it are kept
+        and loaded into ``rows``, so the summary covers the whole run. A line that does not parse (a crash in
+        mid-write) is dropped too. Returns how many rows were dropped.
+        """
+        self._file.close()
+        kept: list[dict[str, Any]] = []
+        dropped = 0
+        lines = self.path.read_text(encoding="utf-8").splitlines() if self.path.exists() else []
+        for line in lines:
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                keep = isinstance(row, dict) and int(row["step"]) <= checkpoint_step
+            except (ValueError, KeyError, TypeError):
+                keep = False
+            if keep:
+                kept.append(row)
+            else:
+                dropped += 1
+        tmp = self.path.with_name(f".{self.path.name}.tmp-{uuid.uuid4().hex[:8]}")
+        try:
+            with tmp.open("w", encoding="utf-8") as handle:
+                handle.writelines(json.dumps(row) + "\n" for row in kept)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            self._file = self.path.open("a", encoding="utf-8")
+            raise
+        self._file = self.path.open("a", encoding="utf-8")
+        self.rows = kept
+        self.prior_wall_s = _prior_wall_seconds([r for r in kept if r.get("kind") == "train"])
+        self._began = self._clock()
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = self._open_tensorboard(purge_step=checkpoint_step + 1)
+        if dropped:
+            log.info("metrics: resumed at step %d; dropped %d row(s) logged after it, kept %d", checkpoint_step,
+                     dropped, len(kept))
+        return dropped
 
     def log(self, step: int, metrics: dict[str, Any], kind: str = "train") -> None:
         row = {"step": step, "kind": kind, **metrics}
+        if kind == "train":
+            row[RUN_SECONDS] = self.wall_seconds()
         self.rows.append(row)
         self._file.write(json.dumps(row) + "\n")
         self._file.flush()
@@ -42,11 +125,32 @@ class MetricsLog:
             self._tb.close()
 
 
+def _prior_wall_seconds(train_rows: list[dict[str, Any]]) -> float:
+    """The earlier segments' wall time up to the last kept row: its ``time/run_s``.
+
+    Rows written before ``time/run_s`` existed have only their step times; their sum is then the best lower
+    bound there is (it leaves out start-up, evaluation and checkpoint time of those segments).
+    """
+    if not train_rows:
+        return 0.0
+    last = train_rows[-1].get(RUN_SECONDS)
+    if isinstance(last, int | float) and not isinstance(last, bool) and math.isfinite(float(last)):
+        return float(last)
+    return float(sum(r.get("time/step_s", 0.0) for r in train_rows))
+
+
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else float("nan")
 
 
 def summarize(rows: list[dict[str, Any]], wall_seconds: float) -> dict[str, Any]:
+    """The end-of-run summary over ``rows``, the train rows of the whole run (every segment, one row a step).
+
+    ``wall_seconds`` is the whole run's wall time (``MetricsLog.wall_seconds``: each earlier segment up to the
+    checkpoint the next one resumed from, plus the last segment in full), so ``samples_per_second`` divides the
+    samples of every step by the time they took end to end, start-ups included. The time a crashed segment spent
+    on steps after its last checkpoint is not counted: those steps were dropped and their samples with them.
+    """
     rewards = [r["rollout/reward_mean"] for r in rows if "rollout/reward_mean" in r]
     samples = sum(r.get("rollout/samples", 0) for r in rows)
     k = min(5, len(rewards))

@@ -18,10 +18,8 @@ cluster; the registry stores whatever "refs" it is given (Ray ``ObjectRef`` obje
 from __future__ import annotations
 
 import logging
-import os
 import re
 import shutil
-import tempfile
 import threading
 import time
 import uuid
@@ -31,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from relax.cluster import scratch
 
 __all__ = [
     "DEFAULT_BUCKET_BYTES",
@@ -336,10 +336,10 @@ def materialize(
 
 
 def default_weights_root(engine_id: str) -> Path:
-    """``/dev/shm/relax-weights/<engine_id>`` (RAM-backed: loading costs no disk I/O), else a tmp dir."""
-    shm = Path("/dev/shm")
-    base = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
-    return base / "relax-weights" / engine_id
+    """``<run scratch>/weights/<engine_id>``: this run's own leased directory in shared memory
+    (``relax.cluster.scratch``), so two runs on one node never touch each other's copies and a crashed
+    run's copies are swept by the next one."""
+    return scratch.run_dir() / "weights" / engine_id
 
 
 def version_dir(root: str | Path, version: int) -> Path:

@@ -14,6 +14,8 @@
 #   ENABLE_AFFINITY=0      no node-group markers on the baseline (plain Ray clusters)
 #   RELAX_INITIAL_NODE_GROUP  marker prefix of the stable node group (default: stable)
 #   RELAX_STOP_STALE_JOBS=1   stop this run script's own earlier jobs that are still running
+#   RAY_AUTH_TOKEN / RAY_AUTH_TOKEN_PATH  Ray's auth token (token auth stays on: RAY_AUTH_MODE=token unless
+#                          you set RAY_AUTH_MODE=disabled, which it warns about). `relax cluster up` prints them.
 #
 # It checks the dashboard and the run script's input paths before anything is submitted. It only ever
 # touches jobs it submitted itself (submission ids relax-<run-script-name>-...), never other tenants'.
@@ -32,17 +34,43 @@ fi
 export RAY_DASHBOARD_ADDRESS=${RAY_DASHBOARD_ADDRESS:-http://127.0.0.1:8265}
 export RELAX_INITIAL_NODE_GROUP=${RELAX_INITIAL_NODE_GROUP:-stable}
 export ENABLE_AFFINITY=${ENABLE_AFFINITY:-1}
-export RAY_AUTH_MODE=${RAY_AUTH_MODE:-disabled}
+export RAY_AUTH_MODE=${RAY_AUTH_MODE:-token}
+if [[ "${RAY_AUTH_MODE,,}" == "disabled" ]]; then
+  echo "ray-job.sh: WARNING: RAY_AUTH_MODE=disabled: Ray's token auth is OFF; anyone who can reach the cluster's" \
+       "ports can submit jobs and run code as you. Unset it unless only you can reach the cluster (docs/install.md," \
+       "'Security')." >&2
+fi
 PYTHON=${PYTHON:-python3}
 RAY=${RAY:-ray}
 command -v "$RAY" >/dev/null 2>&1 || die "the 'ray' command is not on PATH (activate the environment with Ray installed)"
 
-# --- the dashboard must answer: a job cannot be submitted otherwise -----------------------------------
-if ! "$PYTHON" - "$RAY_DASHBOARD_ADDRESS" <<'PY' >/dev/null 2>&1
-import sys, urllib.request
-urllib.request.urlopen(sys.argv[1].rstrip("/") + "/api/version", timeout=5).read()
+# --- the dashboard must answer (with our token, when auth is on): a job cannot be submitted otherwise ------
+dashboard_rc=0
+"$PYTHON" - "$RAY_DASHBOARD_ADDRESS" <<'PY' >/dev/null 2>&1 || dashboard_rc=$?
+import os, pathlib, sys, urllib.error, urllib.request
+headers = {}
+if os.environ.get("RAY_AUTH_MODE", "").lower() != "disabled":
+    token = os.environ.get("RAY_AUTH_TOKEN", "").strip()
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH", "").strip() or "~/.ray/auth_token"
+    if not token:
+        try:
+            token = pathlib.Path(path).expanduser().read_text().strip()
+        except OSError:
+            token = ""
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+try:
+    urllib.request.urlopen(urllib.request.Request(sys.argv[1].rstrip("/") + "/api/version", headers=headers),
+                           timeout=5).read()
+except urllib.error.HTTPError as e:
+    sys.exit(3 if e.code in (401, 403) else 1)
+except Exception:
+    sys.exit(1)
 PY
-then
+if [[ $dashboard_rc -eq 3 ]]; then
+  die "the Ray dashboard at $RAY_DASHBOARD_ADDRESS refused our Ray auth token (missing or wrong). Set RAY_AUTH_TOKEN \
+or RAY_AUTH_TOKEN_PATH to the cluster's token ('relax cluster up' prints them; 'ray get-auth-token' on the head)."
+elif [[ $dashboard_rc -ne 0 ]]; then
   die "the Ray dashboard at $RAY_DASHBOARD_ADDRESS does not answer. Start the cluster with its dashboard \
 (ray start --head --include-dashboard=true, or 'relax cluster up' locally) or set RAY_DASHBOARD_ADDRESS."
 fi

@@ -6,7 +6,10 @@ Each run starts its own embedded Ray cluster, 2 trainer ranks (FSDP2 on gloo) an
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -23,6 +26,31 @@ def train(preset, out: Path, *extra: str, num_rollout: int, staleness: int, time
     (out / "driver.log").write_text(result.stdout + result.stderr)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     return result
+
+
+RUN_ID = re.compile(r"run (\S+): scratch space")
+ENGINE_FAILED = re.compile(r"\bengine_\d+ failed.*")
+SCRATCH = Path("/dev/shm") if os.access("/dev/shm", os.W_OK) else Path(tempfile.gettempdir())
+
+
+def run_together(argvs: list[list[str]], outs: list[Path], timeout: float = 480) -> list[subprocess.CompletedProcess]:
+    """Start every run at once, wait for all; each must succeed."""
+    procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for argv in argvs]
+    results = []
+    try:
+        for argv, proc, out in zip(argvs, procs, outs, strict=True):
+            stdout, stderr = proc.communicate(timeout=timeout)
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "driver.log").write_text(stdout + stderr)
+            results.append(subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
+    for r in results:
+        assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    return results
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -66,8 +94,21 @@ def test_it_learns_with_bounded_staleness_then_resumes_on_policy_at_the_same_dat
     assert any(Path(out).glob("events.out.tfevents.*")) or any(Path(out).rglob("events.out.tfevents.*"))
     assert (ckpt / "latest").read_text().strip() == "step_000030"
 
-    resumed = tmp_path / "resumed"
-    result = train(tiny_preset, resumed, "--load", str(ckpt / "step_000030"), num_rollout=32, staleness=0)
+    # The resumed run shares the machine with a second, independent run started at the same moment: two runs
+    # on one node must not touch each other's files (weight copies in shared memory), and neither may leave
+    # any behind.
+    resumed, neighbour = tmp_path / "resumed", tmp_path / "neighbour"
+    results = run_together(
+        [train_argv(tiny_preset, resumed, num_rollout=32, max_staleness=0, extra=("--load", str(ckpt / "step_000030"))),
+         train_argv(tiny_preset, neighbour, num_rollout=3, max_staleness=1, extra=("--api-port", "0"))],
+        [resumed, neighbour])
+    run_ids = [RUN_ID.search(r.stderr).group(1) for r in results]
+    assert run_ids[0] != run_ids[1]
+    for r in results:
+        assert not ENGINE_FAILED.search(r.stderr), ENGINE_FAILED.search(r.stderr).group(0)
+    assert json.loads((neighbour / "summary.json").read_text())["training_steps"] == 3
+    assert [p.name for p in SCRATCH.glob("relax-run-*") if any(i in p.name for i in run_ids)] == []
+    result = results[0]
     rows = read_jsonl(resumed / "sample_versions.jsonl")
     assert [r["step"] for r in rows] == [30, 31]
     assert "training step 31/32" in result.stderr and "training step 30/32" not in result.stderr

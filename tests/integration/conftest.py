@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 
@@ -13,9 +11,7 @@ def ray_cluster():
 
     from relax.cluster.connect import start_local
 
-    os.environ["RAY_AUTH_MODE"] = "disabled"
-    start_local(num_gpus=8, num_cpus=8, log_to_driver=False,
-                runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled"}})
+    start_local(num_gpus=8, num_cpus=8, log_to_driver=False, runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
     try:
         yield
     finally:

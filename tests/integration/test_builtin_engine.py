@@ -396,10 +396,19 @@ async def test_bad_control_input_and_server_keeps_serving(client, tmp_path, prom
     assert r.status_code == 400 and "rid" in r.json()["error"]["message"]
     r = await client.post("/pause_generation", json={"mode": "sideways"})
     assert r.status_code == 400 and "mode" in r.json()["error"]["message"]
-    r = await client.post("/update_weights_from_disk", json={"model_path": str(tmp_path / "missing")})
-    assert r.status_code == 400 and "missing" in r.json()["error"]["message"]
-    r = await client.post("/update_weights_from_disk", json={"model_path": str(tmp_path)})
-    assert r.status_code == 400 and "no weight files" in r.json()["error"]["message"]
+    # Absent, empty and unreadable paths get the same answer (naming only the caller's own path): an answer
+    # that differed would tell a caller which directories exist on the engine's node.
+    (tmp_path / "no-weights").mkdir()
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text("{}")
+    (tmp_path / "broken" / "model.safetensors").write_bytes(b"not a safetensors file")
+    answers = []
+    broken = tmp_path / "broken"
+    for path in (tmp_path / "missing", tmp_path / "no-weights", broken, broken / "config.json"):
+        r = await client.post("/update_weights_from_disk", json={"model_path": str(path)})
+        assert r.status_code == 400
+        answers.append(r.json()["error"]["message"].replace(str(path), "<path>"))
+    assert len(set(answers)) == 1 and "not a loadable checkpoint" in answers[0], answers
     r = await client.post("/generate", json={"text": prompt_text, "sampling_params": {"max_new_tokens": 2}})
     assert r.status_code == 200
     assert (await client.get("/model_info")).json()["weight_version"] == "0"

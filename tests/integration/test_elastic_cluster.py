@@ -13,12 +13,14 @@ import os
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import pytest
 
+from relax.cluster import ray_auth
 from relax.cluster.local_elastic import ClusterInfo, ElasticCluster, ElasticClusterConfig, stop_cluster
 from relax.cluster.network import free_port
 
@@ -118,7 +120,20 @@ class Driver:
                 self.proc.wait(timeout=10)
 
 
-def test_elastic_cluster_grows_and_shrinks(record_property: Any) -> None:
+def _running_job_driver(info: ClusterInfo, tmp_path: Any) -> int:
+    """Submit a job whose driver attaches to Ray and waits; return the driver's pid once it runs."""
+    from ray.job_submission import JobSubmissionClient
+
+    pid_file = tmp_path / "job.pid"
+    code = (f"import os, time, ray; ray.init(); open({str(pid_file)!r}, 'w').write(str(os.getpid())); "
+            "time.sleep(600)")
+    client = JobSubmissionClient(info.dashboard_url)
+    client.submit_job(entrypoint=f"{sys.executable} -c \"{code}\"")
+    return _poll(lambda: int(pid_file.read_text()) if pid_file.is_file() and pid_file.read_text() else 0,
+                 bool, timeout=60)
+
+
+def test_elastic_cluster_grows_and_shrinks(record_property: Any, tmp_path: Any) -> None:
     # Dashboard on, as `relax cluster up` runs it: `ray job submit` needs its jobs API.
     config = ElasticClusterConfig(head_gpus=2, max_elastic=2, idle_timeout_minutes=0.1,
                                   include_dashboard=True, dashboard_port=free_port())
@@ -129,7 +144,13 @@ def test_elastic_cluster_grows_and_shrinks(record_property: Any) -> None:
     timings["cluster_start_s"] = time.monotonic() - t0
     try:
         assert info.dashboard_url is not None
-        with urllib.request.urlopen(f"{info.dashboard_url}/api/jobs/", timeout=10) as resp:
+        # The jobs API wants Ray's token: refused without it, served with it.
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"{info.dashboard_url}/api/jobs/", timeout=10)
+        assert refused.value.code == 401
+        request = urllib.request.Request(f"{info.dashboard_url}/api/jobs/",
+                                         headers=ray_auth.auth_headers({**os.environ, **info.env()}))
+        with urllib.request.urlopen(request, timeout=10) as resp:
             assert resp.status == 200 and json.loads(resp.read()) == []
         status = cluster.status()
         head = status.head
@@ -159,8 +180,10 @@ def test_elastic_cluster_grows_and_shrinks(record_property: Any) -> None:
             timings["node_up_s"] = time.monotonic() - t_created
             node = up.elastic_nodes[0]
             assert node.total["GPU"] == 1 and node.total["CPU"] == 1 and "stable_gpu" not in node.total
-            # Every process while the fake node is up (its raylet included), to check that stop leaves none.
+            # Every process while the fake node is up (its raylet included), to check that stop leaves none,
+            # and that all of them, the fake node's included, listen on loopback only.
             pids = set(cluster.pids())
+            assert _not_loopback(sorted(pids)) == set()
 
             ready = driver.call(op="ready", name="elastic", timeout=60)
             assert ready["ok"], ready
@@ -176,6 +199,9 @@ def test_elastic_cluster_grows_and_shrinks(record_property: Any) -> None:
 
         pids |= set(cluster.pids())
         assert info.head_pid in pids
+        # A job still running when the cluster stops: its driver is stopped first, not left spinning.
+        job_pid = _running_job_driver(info, tmp_path)
+        pids.add(job_pid)
     finally:
         t_stop = time.monotonic()
         cluster.stop(timeout=30)
@@ -204,9 +230,40 @@ def test_autoscaling_config_is_complete() -> None:
         ElasticClusterConfig(min_elastic=2, max_elastic=1)
 
 
+def _shell_env() -> dict[str, str]:
+    """A user's shell: no Ray token of its own (the test session's is not theirs)."""
+    return {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")}
+
+
 def _cli(state_dir: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "relax.cli", "cluster", *args, "--state-dir", state_dir],
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout, env=_shell_env())
+
+
+ATTACH = "import ray; ray.init(address={address!r}, log_to_driver=False); print('ATTACHED', flush=True)"
+
+
+def _attach(address: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", ATTACH.format(address=address)], capture_output=True, text=True,
+                          timeout=90, env=env)
+
+
+def _listening(pids: list[int]) -> set[tuple[int, str]]:
+    """(pid, address) of every TCP socket these processes listen on."""
+    import psutil
+
+    out: set[tuple[int, str]] = set()
+    for pid in pids:
+        try:
+            conns = psutil.Process(pid).net_connections(kind="inet")
+        except psutil.Error:
+            continue
+        out |= {(pid, c.laddr.ip) for c in conns if c.status == psutil.CONN_LISTEN}
+    return out
+
+
+def _not_loopback(pids: list[int]) -> set[tuple[int, str]]:
+    return {(pid, ip) for pid, ip in _listening(pids) if ip not in ("127.0.0.1", "::ffff:127.0.0.1", "::1")}
 
 
 def test_cluster_cli_up_status_down(tmp_path: Any) -> None:
@@ -219,9 +276,20 @@ def test_cluster_cli_up_status_down(tmp_path: Any) -> None:
         up = _cli(state_dir, "up", "--gpus", "1", "--max-elastic", "1", "--no-dashboard")
         assert up.returncode == 0, up.stderr
         info = ClusterInfo.from_json(state_file.read_text())
-        assert f"export RAY_ADDRESS={info.address}" in up.stdout and "RAY_AUTH_MODE=disabled" in up.stdout
+        assert f"export RAY_ADDRESS={info.address}" in up.stdout and "export RAY_AUTH_MODE=token" in up.stdout
+        assert info.address.startswith("127.0.0.1:") and info.token_path is not None
+        assert f"export RAY_AUTH_TOKEN_PATH={info.token_path}" in up.stdout
+        assert os.stat(info.token_path).st_mode & 0o777 == 0o600
         pids = ElasticCluster.attach(info).pids()
         assert info.head_pid in pids
+        assert _listening(pids) and _not_loopback(pids) == set()
+
+        # A driver without the token is refused at once; one with the token `up` printed attaches.
+        refused = _attach(info.address, {**_shell_env(), "RAY_AUTH_MODE": "token"})
+        assert refused.returncode != 0 and "ATTACHED" not in refused.stdout
+        assert "AuthenticationError" in refused.stderr, refused.stderr[-2000:]
+        attached = _attach(info.address, {**_shell_env(), **info.env()})
+        assert "ATTACHED" in attached.stdout, attached.stderr[-2000:]
 
         again = _cli(state_dir, "up", "--no-dashboard")
         assert again.returncode == 1 and "already up" in again.stderr

@@ -789,6 +789,33 @@ async def test_the_factory_runs_the_service_over_a_manager_client() -> None:
             await task
 
 
+async def test_the_driver_mounts_a_disabled_autoscaler_that_can_be_enabled() -> None:
+    """``enabled: false`` watches without acting; it must still be mounted so /autoscaler/enable can turn it on."""
+    from types import SimpleNamespace
+
+    from relax.entrypoints.train import Driver
+
+    driver = Driver(SimpleNamespace(output_dir="unused"), SimpleNamespace(initial_engines=2),  # type: ignore[arg-type]
+                    make_config(enabled=False))
+    driver.manager = _Handle()
+    factory = driver._autoscaler_factory()
+    assert factory is not None, "a given config with enabled: false must still mount the autoscaler"
+    app = FastAPI()
+    app.include_router(factory(), prefix="/autoscaler")  # as the control-plane actor mounts it
+    (task,) = [t for t in asyncio.all_tasks() if t.get_name() == "relax-autoscaler"]
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://cp") as http:
+            status = (await http.get("/autoscaler/status")).json()
+            assert status["enabled"] is False and any("disabled" in b for b in status["blockers"])
+            answer = await http.post("/autoscaler/enable", json={"enabled": True})
+            assert answer.status_code == 200 and answer.json() == {"enabled": True, "was_enabled": False}
+            assert (await http.get("/autoscaler/health")).json()["enabled"] is True
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+
 # -- answers and errors of the manager ----------------------------------------------------------------------
 
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
+from relax.cluster import scratch
 from relax.training.weights import (
     WeightManifest,
     WeightRegistry,
@@ -154,7 +155,12 @@ def test_cleanup_keeps_the_newest_versions(tmp_path: Path) -> None:
     assert cleanup_old(tmp_path / "absent", keep=1) == []
 
 
-def test_default_root_is_per_engine() -> None:
+def test_default_root_is_per_engine_inside_the_run_scratch(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("RELAX_SCRATCH_DIR", str(tmp_path))
+    monkeypatch.setenv("RELAX_RUN_ID", "r1")
     root = default_weights_root("engine-3")
-    assert root.name == "engine-3" and root.parent.name == "relax-weights"
+    assert root == tmp_path / "relax-run-r1" / "weights" / "engine-3"
+    assert (tmp_path / "relax-run-r1" / ".lease").is_file()
+    scratch.release(tmp_path / "relax-run-r1")
+    assert not (tmp_path / "relax-run-r1").exists()
     assert version_dir(root, 7).name == "v7"

@@ -102,6 +102,13 @@ def _check_weights_dir(path: str) -> Path:
     return p
 
 
+def _not_loadable(path: str) -> str:
+    """One answer for every reason a weights path fails (absent, not a directory, no weights, unreadable):
+    an answer that differed by reason would tell a caller which paths exist on the engine's node."""
+    return (f"model_path {path!r} is not a loadable checkpoint on the engine's node (a directory with config.json "
+            "and *.safetensors); the engine's log says why")
+
+
 class BuiltinServer:
     """Owns the tokenizer, the model and the generation loop of one engine process."""
 
@@ -250,7 +257,11 @@ class BuiltinServer:
         accepts no new one) before it loads, so a caller that does not pause stalls the engine for as long
         as its longest request — which is why the manager pauses, loads and continues.
         """
-        path = _check_weights_dir(body.model_path)
+        try:
+            path = _check_weights_dir(body.model_path)
+        except ApiError as exc:  # the detail is for the operator's log, not for whoever sent the path
+            log.warning("update_weights_from_disk refused: %s", exc.message)
+            raise ApiError(400, _not_loadable(body.model_path)) from None
         lock = self.update_lock.writer() if not self.engine.paused else contextlib.nullcontext()
         async with lock:
             return await self._load_weights(path, body)
@@ -259,7 +270,8 @@ class BuiltinServer:
         try:
             new_model = await asyncio.to_thread(load_model, path, torch.device("cpu"))
         except Exception as exc:
-            raise ApiError(400, f"could not load weights from {body.model_path!r}: {exc}") from exc
+            log.warning("update_weights_from_disk could not load %s: %s: %s", path, type(exc).__name__, exc)
+            raise ApiError(400, _not_loadable(body.model_path)) from None
         if body.abort_all_requests:
             await asyncio.to_thread(self.engine.abort, None, "aborted by update_weights_from_disk")
         version = None if body.weight_version is None else str(body.weight_version)
