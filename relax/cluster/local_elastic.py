@@ -110,6 +110,11 @@ class ElasticClusterConfig:
     """Seconds between autoscaler rounds (Ray's default 5 makes every scale event ~4 s slower; must be int)."""
     env: dict[str, str] = field(default_factory=dict)
     """Extra environment for the head (and so the fake nodes, which the head's autoscaler spawns)."""
+    loopback: bool = True
+    """Bind 127.0.0.1 only (``relax.cluster.ray_auth``). False for a cluster that real worker nodes join
+    with ``ray start --address`` (``relax.cluster.worker_node``): in Ray 2.60 the switch that keeps 127.0.0.1
+    makes ``ray start --address`` refuse to join, and without it Ray swaps 127.0.0.1 for the routable
+    address. Token auth stays on either way."""
 
     def __post_init__(self) -> None:
         if self.head_gpus < 0 or self.max_elastic < 0 or self.min_elastic < 0:
@@ -713,7 +718,13 @@ class ElasticCluster:
         if cfg.include_dashboard and port_in_use(dashboard_port):
             raise ElasticClusterError(f"dashboard port {dashboard_port} is in use (another Ray dashboard?); "
                                       f"pick another one (--dashboard-port; 0 picks a free port)")
-        node_ip = LOOPBACK  # a one-machine cluster: nothing of it needs to be reachable from elsewhere
+        if cfg.loopback:
+            node_ip = LOOPBACK  # a one-machine cluster: nothing of it needs to be reachable from elsewhere
+        else:
+            os.environ.pop(ray_auth.LOOPBACK_ENV, None)
+            from ray._private.services import node_ip_address_from_perspective
+
+            node_ip = node_ip_address_from_perspective()
         address = f"{node_ip}:{port}"
 
         owns_root = cfg.root_dir is None
@@ -757,7 +768,7 @@ class ElasticCluster:
             **os.environ,
             "RAY_FAKE_CLUSTER": "1",
             "AUTOSCALER_UPDATE_INTERVAL_S": str(int(cfg.autoscaler_update_interval_s)),
-            **ray_auth.locked_env(os.environ, loopback=True),
+            **ray_auth.locked_env(os.environ, loopback=cfg.loopback),
             **({} if token_path is None else {ray_auth.TOKEN_PATH_ENV: str(token_path)}),
             # The fake provider's node launch path only works with the v1 autoscaler in this wheel.
             "RAY_enable_autoscaler_v2": "0",
@@ -769,13 +780,16 @@ class ElasticCluster:
         # A driver address inherited from the caller would make `ray start --head` confused about which
         # cluster it belongs to.
         env.pop("RAY_ADDRESS", None)
+        if not cfg.loopback:
+            env.pop(ray_auth.LOOPBACK_ENV, None)
         if token_path is not None:
             env.pop(ray_auth.TOKEN_ENV, None)  # the file holds the same token: one source for every process
             # This process talks to the cluster (GcsClient, jobs API) with the same token.
             os.environ.setdefault(ray_auth.TOKEN_ENV, token_path.read_text().strip())
             os.environ[ray_auth.MODE_ENV] = "token"
         # ... and may attach a driver to it: Ray must take 127.0.0.1 as given, not swap in the routable address.
-        ray_auth.keep_on_loopback_in_process()
+        if cfg.loopback:
+            ray_auth.keep_on_loopback_in_process()
         with open(log_path, "ab") as log:
             self._popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                            env=env, start_new_session=True, cwd=str(root))

@@ -33,8 +33,8 @@ import threading
 import time
 from pathlib import Path
 
-__all__ = ["LEASE", "PREFIX", "RUN_ID_ENV", "SCRATCH_DIR_ENV", "held", "new_run_id", "release", "run_dir", "run_id",
-           "scratch_base", "sweep"]
+__all__ = ["LEASE", "OWNER", "PREFIX", "RUN_ID_ENV", "SCRATCH_DIR_ENV", "claim", "held", "new_run_id", "release",
+           "run_dir", "run_id", "scratch_base", "sweep"]
 
 log = logging.getLogger("relax.cluster")
 
@@ -44,7 +44,10 @@ RUN_ID_ENV = "RELAX_RUN_ID"
 SCRATCH_DIR_ENV = "RELAX_SCRATCH_DIR"
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
+OWNER = ".relax-owner"  # in a run's output directory: who writes there now
+
 _lock = threading.Lock()
+_claims: dict[Path, int] = {}  # output directories this process writes, exclusively locked
 _held: dict[Path, int] = {}  # run directory -> fd of its lease file, shared-locked by this process
 
 
@@ -157,3 +160,30 @@ def sweep(base: Path | None = None) -> list[Path]:
             with contextlib.suppress(OSError):
                 os.close(fd)
     return removed
+
+
+def claim(directory: Path) -> str | None:
+    """Make ``directory`` this process's alone for as long as it lives; None, or why another process has it.
+
+    A run's output directory (metrics, summary, engine logs) must not be shared by two live runs: their
+    rows would interleave. An exclusive ``flock`` on ``directory/.relax-owner`` (with the holder's pid in it,
+    for the message) says so at start-up; the kernel drops it when the holder dies, so a crashed run never
+    blocks the next one. Idempotent within a process.
+    """
+    directory = directory.resolve()
+    with _lock:
+        if directory in _claims:
+            return None
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / OWNER
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            return f"{directory} is in use by another live run (pid {holder})"
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        _claims[directory] = fd
+        return None

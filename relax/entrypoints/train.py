@@ -58,6 +58,11 @@ def preflight(args: TrainArgs) -> None:
         get_reward_fn(args.rm_type.value if args.rm_type else "tiny", args.custom_rm_path)
     except (DataError, RewardConfigError) as exc:
         fail(ConfigError(str(exc)))
+    from relax.cluster import scratch
+
+    # Last, once the input is known good: two live runs must not write one output directory (held until exit).
+    if owner := scratch.claim(Path(args.output_dir)):
+        fail(ConfigError(f"--output-dir: {owner}; give this run its own --output-dir"))
 
 
 class _StopRequested(Exception):

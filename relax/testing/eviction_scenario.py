@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -159,6 +160,13 @@ def main(argv: list[str] | None = None) -> int:
     modes = [m for m in args.modes.split(",") if m]
     if unknown := [m for m in modes if m not in MODES]:
         parser.error(f"unknown mode(s) {', '.join(unknown)}; choose from {', '.join(MODES)}")
+    from relax.cluster import ray_auth
+
+    # The sigterm mode adds a real `ray start --address` node, which a loopback-only head cannot take in Ray
+    # 2.60 (relax.cluster.ray_auth): that cluster binds the routable address, token auth still on.
+    loopback = "sigterm" not in modes
+    if not loopback:
+        os.environ.pop(ray_auth.LOOPBACK_ENV, None)  # before Ray is imported: it reads the switch then
     import ray
 
     from relax.cluster.local_elastic import ElasticCluster, ElasticClusterConfig
@@ -168,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="relax-evict-") as tmp:
         preset = build_tiny_preset(Path(args.preset or tmp) / "tiny") if not args.preset else _load(args.preset)
         cluster = ElasticCluster(ElasticClusterConfig(head_gpus=1, max_elastic=1, idle_timeout_minutes=0.5,
+                                                      loopback=loopback,
                                                       include_dashboard=False,
                                                       env={"OMP_NUM_THREADS": "1"}))
         info = cluster.start(timeout=120)

@@ -131,3 +131,19 @@ def test_an_api_port_in_use_fails_in_one_line_before_ray_starts(tiny_preset) -> 
         result = run_train(*tiny_args(tiny_preset, "--api-port", str(port)))
     _fails_cleanly(result, f"--api-port {port}: 127.0.0.1:{port} is already in use")
     assert "Started a local Ray" not in result.stderr
+
+
+def test_an_output_dir_another_live_run_writes_fails_in_one_line(tiny_preset, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from pathlib import Path; from relax.cluster import scratch; "
+         "assert scratch.claim(Path(sys.argv[1])) is None; print('held', flush=True); sys.stdin.read()", str(out)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        result = run_train(*tiny_args(tiny_preset, "--output-dir", str(out)))
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+    _fails_cleanly(result, f"--output-dir: {out.resolve()} is in use by another live run (pid {holder.pid})")
+    assert "Started a local Ray" not in result.stderr

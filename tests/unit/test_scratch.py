@@ -108,3 +108,28 @@ def test_first_use_on_a_node_sweeps_what_crashed_runs_left(base: Path) -> None:
     crashed.kill()
     fresh = scratch.run_dir(run="new")
     assert not crashed.root.exists() and fresh.is_dir()
+
+
+CLAIMER = r"""
+import sys
+from pathlib import Path
+from relax.cluster import scratch
+assert scratch.claim(Path(sys.argv[1])) is None
+print("claimed", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_an_output_directory_is_one_live_runs_alone(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    other = subprocess.Popen([sys.executable, "-c", CLAIMER, str(out)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True, start_new_session=True)
+    try:
+        assert other.stdout is not None and other.stdout.readline().strip() == "claimed"
+        why = scratch.claim(out)
+        assert why == f"{out.resolve()} is in use by another live run (pid {other.pid})"
+    finally:
+        os.killpg(other.pid, signal.SIGKILL)  # a crashed run never blocks the next one
+        other.wait(timeout=30)
+    assert scratch.claim(out) is None and scratch.claim(out) is None  # ours now; idempotent
+    assert (out / ".relax-owner").read_text().strip() == str(os.getpid())
