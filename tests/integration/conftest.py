@@ -9,13 +9,20 @@ import pytest
 def ray_cluster():
     import ray
 
+    from relax.cluster import scratch
     from relax.cluster.connect import start_local
+    from relax.cluster.embedded import current_session_dir, stop_session
 
     start_local(num_gpus=8, num_cpus=8, log_to_driver=False, runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
+    session = current_session_dir()
     try:
         yield
     finally:
         ray.shutdown()
+        if session is not None:
+            stop_session(session, why="the test session ends")
+        # What engines the tests killed left in shared memory, as a driver's exit removes its run's.
+        scratch.sweep()
 
 
 @pytest.fixture(scope="session")
