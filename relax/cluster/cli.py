@@ -96,9 +96,7 @@ def _use_cluster_token(info: Any) -> None:
     """Talk to the recorded cluster with its own token (its file beats a stray RAY_AUTH_TOKEN in the shell)."""
     from relax.cluster import ray_auth
 
-    if info.token_path:
-        os.environ.pop(ray_auth.TOKEN_ENV, None)
-    os.environ.update(info.env())
+    ray_auth.apply_in_process(info.env(), remove=[ray_auth.TOKEN_ENV] if info.token_path else [])
 
 
 def _setup_logging() -> None:

@@ -70,7 +70,8 @@ def start_local(num_gpus: int, num_cpus: int, *, resources: dict[str, float] | N
     """
     ray_auth.keep_on_loopback_in_process()
     if not ray_auth.warn_if_disabled(os.environ, "embedded cluster"):
-        os.environ.update(ray_auth.locked_env(os.environ, loopback=True, token=ray_auth.cluster_token(os.environ)))
+        ray_auth.apply_in_process(ray_auth.locked_env(os.environ, loopback=True,
+                                                      token=ray_auth.cluster_token(os.environ)))
     clean_stale_sessions()  # what a driver killed by pid left behind (relax.cluster.embedded)
     ray.init(
         address="local",

@@ -20,7 +20,7 @@ from typing import Any
 
 log = logging.getLogger("relax.cluster")
 
-__all__ = ["MIN_RAY", "drain_node", "draining_nodes", "supported"]
+__all__ = ["MIN_RAY", "drain_node", "draining_nodes", "node_departure", "supported"]
 
 MIN_RAY = (2, 57)
 _warned = False
@@ -74,3 +74,18 @@ def drain_node(node_id: str, deadline_s: float | None, *, reason: str = "DRAIN_N
     deadline_ms = 0 if deadline_s is None else int(time.time() * 1000 + deadline_s * 1000)
     accepted, rejection = gcs.drain_node(node_id, autoscaler_pb2.DrainNodeReason.Value(reason), message, deadline_ms)
     return bool(accepted), str(rejection or "")
+
+
+def node_departure(node_id: str, address: str | None = None, timeout: float = 10.0) -> str | None:
+    """How a node left, as the GCS recorded it: ``None`` while it is alive (or unknown), else the death
+    reason's name, e.g. ``AUTOSCALER_DRAIN_PREEMPTED`` for a node that exited after a preemption drain,
+    ``AUTOSCALER_DRAIN_IDLE`` after an idle drain, ``UNEXPECTED_TERMINATION`` for a crash."""
+    import ray
+    from ray.core.generated import gcs_pb2
+
+    gcs: Any = ray._raylet.GcsClient(address=address or ray.get_runtime_context().gcs_address)
+    for nid, info in gcs.get_all_node_info(timeout=timeout).items():
+        if nid.hex() == node_id and info.state == gcs_pb2.GcsNodeInfo.DEAD:
+            reason = info.death_info.DESCRIPTOR.fields_by_name["reason"].enum_type
+            return str(reason.values_by_number[info.death_info.reason].name)
+    return None

@@ -785,8 +785,8 @@ class ElasticCluster:
         if token_path is not None:
             env.pop(ray_auth.TOKEN_ENV, None)  # the file holds the same token: one source for every process
             # This process talks to the cluster (GcsClient, jobs API) with the same token.
-            os.environ.setdefault(ray_auth.TOKEN_ENV, token_path.read_text().strip())
-            os.environ[ray_auth.MODE_ENV] = "token"
+            ray_auth.apply_in_process({ray_auth.MODE_ENV: "token", ray_auth.TOKEN_ENV: os.environ.get(
+                ray_auth.TOKEN_ENV) or token_path.read_text().strip()})
         # ... and may attach a driver to it: Ray must take 127.0.0.1 as given, not swap in the routable address.
         if cfg.loopback:
             ray_auth.keep_on_loopback_in_process()

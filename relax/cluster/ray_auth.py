@@ -22,7 +22,8 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-from collections.abc import Mapping
+import sys
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "MODE_ENV",
     "TOKEN_ENV",
     "TOKEN_PATH_ENV",
+    "apply_in_process",
     "auth_disabled",
     "auth_headers",
     "cluster_token",
@@ -133,6 +135,32 @@ def locked_env(env: Mapping[str, str], *, loopback: bool, token: str | None = No
     if token is not None:
         updates[TOKEN_ENV] = token
     return updates
+
+
+def apply_in_process(updates: Mapping[str, str], remove: Iterable[str] = ()) -> None:
+    """Put ``updates`` into this process's environment (and drop ``remove``) so that Ray, already imported,
+    sees them too.
+
+    Ray reads its auth mode into a cached config, and the token into a cached loader, the first time it
+    uses either (``import ray`` is enough for the mode). A driver that turns auth on after importing Ray
+    would otherwise start a token-auth cluster and then talk to it without a token, and be refused by its
+    own GCS. Ray's ``ray.init`` refreshes both the same way when it turns token auth on itself.
+    """
+    auth_vars = {MODE_ENV, TOKEN_ENV, TOKEN_PATH_ENV}
+    before = {k: os.environ.get(k) for k in auth_vars}
+    for key in remove:
+        os.environ.pop(key, None)
+    os.environ.update(updates)
+    changed = {k for k in auth_vars if os.environ.get(k) != before[k]}
+    if not changed or "ray" not in sys.modules:  # nothing cached yet: Ray reads the environment when it starts
+        return
+    try:
+        from ray._raylet import AuthenticationTokenLoader, Config
+    except ImportError:  # pragma: no cover - a Ray without token auth: nothing to refresh
+        return
+    if MODE_ENV in changed:
+        Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
 
 
 def keep_on_loopback_in_process() -> None:

@@ -565,12 +565,12 @@ class EngineFleet:
         aborted = await self.retire(engine_id, force=eviction.budget_s <= 0, drain_timeout_s=eviction.budget_s,
                                     reason="evicted")
         gone_s = time.monotonic() - noticed
+        record = {"node_id": eviction.node_id, "budget_s": eviction.budget_s, "notice_to_gone_s": gone_s,
+                  "moved_requests": aborted,
+                  "gone_before_deadline": not eviction.deadline_ms or time.time() * 1000 < eviction.deadline_ms}
         self.events.append(EventKind.ENGINE_STATE, f"evicted engine removed {gone_s:.1f}s after the notice "
-                           f"({aborted} request(s) moved to other engines)", engine_ids=engine_id)
-        self.last_evictions[engine_id] = {"node_id": eviction.node_id, "budget_s": eviction.budget_s,
-                                          "notice_to_gone_s": gone_s, "moved_requests": aborted,
-                                          "gone_before_deadline": not eviction.deadline_ms
-                                          or time.time() * 1000 < eviction.deadline_ms}
+                           f"({aborted} request(s) moved to other engines)", engine_ids=engine_id, details=record)
+        self.last_evictions[engine_id] = record
         await self._replace_initial(engine_id, slot, "evicted")
 
     async def _drain_loop(self) -> None:

@@ -55,7 +55,7 @@ def run_mode(mode: str, cluster: Any, preset: Any, deadline_s: float, workdir: P
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
 
-    from relax.cluster.drain import drain_node
+    from relax.cluster.drain import drain_node, node_departure
     from relax.rollout.generator import SamplingSettings
     from relax.rollout.manager import ManagerConfig, RolloutManager
     from relax.rollout.scaling import ScaleOutSpec
@@ -127,6 +127,10 @@ def run_mode(mode: str, cluster: Any, preset: Any, deadline_s: float, workdir: P
             node_gone = _wait(lambda: not cluster.status().elastic_nodes, 120, "the drained node to leave",
                               poll_s=0.5)
         node_gone_s = time.monotonic() - notice_at
+        # how the node left, as the GCS recorded it (a preempted node: AUTOSCALER_DRAIN_PREEMPTED)
+        left_as = _wait(lambda: node_departure(victim["node_id"]), 30, "the GCS to record the node's departure")
+        groups = [g for g in ray.util.placement_group_table().values()
+                  if g.get("name") == f"relax-{victim['engine_id']}"]
         kept = after["tokens_kept"] - before["tokens_kept"]
         regenerated = after["tokens_regenerated"] - before["tokens_regenerated"]
         complete = sum(1 for o in outs if o.output["meta_info"]["completion_tokens"] == MAX_NEW_TOKENS)
@@ -139,6 +143,7 @@ def run_mode(mode: str, cluster: Any, preset: Any, deadline_s: float, workdir: P
             "gone_before_deadline": eviction.get("gone_before_deadline"), "budget_s": eviction.get("budget_s"),
             "deadline_s": None if mode == "abort" else deadline_s,
             "affected_samples_done_s": affected_done_s, "node_gone_s": node_gone_s if node_gone else None,
+            "node_left_as": left_as, "placement_group_states": sorted(g["state"] for g in groups),
             "events": [e["message"] for e in ray.get(manager.recent_events.remote(30))
                        if victim["engine_id"] in e["engine_ids"] and e["kind"] in ("engine_evicted", "engine_state")],
         }

@@ -33,9 +33,11 @@ ENGINE_FAILED = re.compile(r"\bengine_\d+ failed.*")
 SCRATCH = Path("/dev/shm") if os.access("/dev/shm", os.W_OK) else Path(tempfile.gettempdir())
 
 
-def run_together(argvs: list[list[str]], outs: list[Path], timeout: float = 480) -> list[subprocess.CompletedProcess]:
+def run_together(argvs: list[list[str]], outs: list[Path], envs: list[dict[str, str] | None],
+                 timeout: float = 480) -> list[subprocess.CompletedProcess]:
     """Start every run at once, wait for all; each must succeed."""
-    procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for argv in argvs]
+    procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for argv, env in zip(argvs, envs, strict=True)]
     results = []
     try:
         for argv, proc, out in zip(argvs, procs, outs, strict=True):
@@ -96,12 +98,14 @@ def test_it_learns_with_bounded_staleness_then_resumes_on_policy_at_the_same_dat
 
     # The resumed run shares the machine with a second, independent run started at the same moment: two runs
     # on one node must not touch each other's files (weight copies in shared memory), and neither may leave
-    # any behind.
+    # any behind. The neighbour starts as from a fresh shell, with no Ray auth variables at all: the run turns
+    # token auth on by itself (after Ray is imported) and must still reach its own cluster.
     resumed, neighbour = tmp_path / "resumed", tmp_path / "neighbour"
+    fresh_shell = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH_")}
     results = run_together(
         [train_argv(tiny_preset, resumed, num_rollout=32, max_staleness=0, extra=("--load", str(ckpt / "step_000030"))),
          train_argv(tiny_preset, neighbour, num_rollout=3, max_staleness=1, extra=("--api-port", "0"))],
-        [resumed, neighbour])
+        [resumed, neighbour], [None, fresh_shell])
     run_ids = [RUN_ID.search(r.stderr).group(1) for r in results]
     assert run_ids[0] != run_ids[1]
     for r in results:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -44,3 +47,24 @@ def test_token_lookup_follows_rays_order(tmp_path: Path, monkeypatch: pytest.Mon
     assert ray_auth.read_token({}) == "dflt" and ray_auth.has_token({})
     assert ray_auth.auth_headers({"RAY_AUTH_TOKEN": "x"}) == {"Authorization": "Bearer x"}
     assert ray_auth.auth_headers({"RAY_AUTH_TOKEN": "x", "RAY_AUTH_MODE": "disabled"}) == {}
+
+
+APPLY_AFTER_IMPORT = """
+import ray
+from ray._raylet import AuthenticationMode, AuthenticationTokenLoader, get_authentication_mode
+from relax.cluster import ray_auth
+assert get_authentication_mode() != AuthenticationMode.TOKEN  # read when Ray was imported
+ray_auth.apply_in_process({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "first"})
+assert get_authentication_mode() == AuthenticationMode.TOKEN
+assert AuthenticationTokenLoader.instance().has_token()
+print("OK", flush=True)
+"""
+
+
+def test_auth_turned_on_after_ray_is_imported_reaches_rays_cached_config() -> None:
+    """A driver decides to start a locked cluster after `import ray`: its own Ray must use the token too,
+    or the cluster it just started refuses it (how `relax train` from a fresh shell once failed)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH_")}
+    done = subprocess.run([sys.executable, "-c", APPLY_AFTER_IMPORT], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert done.returncode == 0 and "OK" in done.stdout, done.stderr[-2000:]
