@@ -864,6 +864,7 @@ class ElasticCluster:
 
         url: str | None = None
         last_err: Exception | None = None
+        headers = ray_auth.auth_headers({**os.environ, **self.info.env()})
         while time.monotonic() < deadline:
             self._check_head_alive()
             try:
@@ -873,8 +874,7 @@ class ElasticCluster:
                         text = raw.decode()
                         url = text if text.startswith("http") else f"http://{text}"
                 if url is not None:
-                    request = urllib.request.Request(f"{url}/api/version", headers=ray_auth.auth_headers(
-                        {**os.environ, **self.info.env()}))
+                    request = urllib.request.Request(f"{url}/api/version", headers=headers)
                     with urllib.request.urlopen(request, timeout=2.0) as resp:
                         if resp.status == 200:
                             return url

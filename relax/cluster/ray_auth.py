@@ -63,11 +63,7 @@ def auth_disabled(env: Mapping[str, str]) -> bool:
 
 def has_token(env: Mapping[str, str]) -> bool:
     """A token Ray will find, in its own order: ``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH``, the default file."""
-    if env.get(TOKEN_ENV, "").strip():
-        return True
-    if env.get(TOKEN_PATH_ENV, "").strip():
-        return True
-    return DEFAULT_TOKEN_FILE.expanduser().is_file()
+    return read_token(env) is not None
 
 
 def cluster_token(env: Mapping[str, str]) -> str:

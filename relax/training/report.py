@@ -25,6 +25,42 @@ RUN_SECONDS = "time/run_s"
 """Per train row: the run's wall seconds when the row was logged, over every segment up to it (see ``MetricsLog``)."""
 
 
+def keep_rows(path: Path, keep: Callable[[dict[str, Any]], bool]) -> tuple[list[dict[str, Any]], int]:
+    """Rewrite the JSONL file ``path`` with only the rows ``keep`` accepts; returns ``(kept rows, dropped)``.
+
+    Atomic (a temp file, fsync, ``os.replace``): a crash leaves the old file or the new one. A line that does
+    not parse, or a row ``keep`` cannot judge (a missing or odd field), is dropped: it is what a crash in
+    mid-write leaves. A missing file stays missing.
+    """
+    if not path.exists():
+        return [], 0
+    kept: list[dict[str, Any]] = []
+    dropped = 0
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            ok = isinstance(row, dict) and bool(keep(row))
+        except (ValueError, KeyError, TypeError):
+            ok = False
+        if ok:
+            kept.append(row)
+        else:
+            dropped += 1
+    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+    try:
+        with tmp.open("w", encoding="utf-8") as handle:
+            handle.writelines(json.dumps(row) + "\n" for row in kept)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return kept, dropped
+
+
 class MetricsLog:
     """Appends one JSON object per training step and mirrors scalars to TensorBoard.
 
@@ -65,33 +101,10 @@ class MetricsLog:
         mid-write) is dropped too. Returns how many rows were dropped.
         """
         self._file.close()
-        kept: list[dict[str, Any]] = []
-        dropped = 0
-        lines = self.path.read_text(encoding="utf-8").splitlines() if self.path.exists() else []
-        for line in lines:
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                keep = isinstance(row, dict) and int(row["step"]) <= checkpoint_step
-            except (ValueError, KeyError, TypeError):
-                keep = False
-            if keep:
-                kept.append(row)
-            else:
-                dropped += 1
-        tmp = self.path.with_name(f".{self.path.name}.tmp-{uuid.uuid4().hex[:8]}")
         try:
-            with tmp.open("w", encoding="utf-8") as handle:
-                handle.writelines(json.dumps(row) + "\n" for row in kept)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
+            kept, dropped = keep_rows(self.path, lambda row: int(row["step"]) <= checkpoint_step)
+        finally:
             self._file = self.path.open("a", encoding="utf-8")
-            raise
-        self._file = self.path.open("a", encoding="utf-8")
         self.rows = kept
         self.prior_wall_s = _prior_wall_seconds([r for r in kept if r.get("kind") == "train"])
         self._began = self._clock()

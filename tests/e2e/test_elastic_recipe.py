@@ -8,6 +8,11 @@ shrinks (fake autoscaling nodes standing in for the cluster provisioner).
   3. after the load falls, the autoscaler returns to the initial count, idle nodes are removed, and training
      keeps advancing.
 
+Between 2 and 3, one of the added nodes is preempted while training runs: a notice through Ray's drain API
+with a 20 s deadline (what a provider's hook sends). Its engine must be out of routing, drained and gone
+with its placement group before the deadline, the node must leave as preempted, and training must go on
+(a sample that could not be served would fail the run: none is ever dropped silently).
+
 Checked from the REST API, Ray's own state, and the job's logs. The cluster's stable group is called
 `baseline` here, so RELAX_INITIAL_NODE_GROUP=baseline is exercised; the default `stable` finds no markers.
 """
@@ -21,6 +26,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from relax.cluster.drain import drain_node, node_departure
 from relax.cluster.local_elastic import ElasticCluster, ElasticClusterConfig, read_status
 from relax.cluster.network import free_port
 from relax.demo.elastic import RunApi, job_env, start_burst, submit_tiny_job, wait_until
@@ -44,6 +50,15 @@ def jobs(cluster):
 
 
 ENGINE_KEY = "recipe-e2e-engine-key"  # the engines' secret, so the burst may call them
+PREEMPTION_DEADLINE_S = 20.0  # a provider's notice: GKE gives ~15 s by default, Ray's own drain 30 s
+
+
+def eviction_record(api: RunApi, engine_id: str) -> dict | None:
+    """The measures of ``engine_id``'s eviction, once it is removed (its ``engine_state`` event's details)."""
+    events = httpx.get(f"{api.url}/rollout/events", params={"limit": 500, "kind": "engine_state"}, timeout=5,
+                       trust_env=False).json()["events"]
+    return next((e["details"] for e in events if engine_id in e["engine_ids"]
+                 and "notice_to_gone_s" in e.get("details", {})), None)
 
 
 def submit(cluster, preset, exp: Path, api_port: int, **overrides: str) -> str:
@@ -117,6 +132,26 @@ def test_recipe_three_checks_on_an_elastic_cluster(cluster, jobs, tiny_preset, t
             outs = expect(lambda: (lambda rs: rs if any(r["status"] in ("ACTIVE", "PARTIAL") for r in rs) else None)(
                 requests("scale_out")), 180, "a scale-out request to end ACTIVE or PARTIAL")
             assert outs
+
+            # 2b. the provider reclaims one added node: a preemption notice with a deadline, mid-training
+            victim = next(e for e in api.active() if e["kind"] == "elastic")
+            step_at_notice = api.training_step()
+            accepted, why = drain_node(victim["node_id"], PREEMPTION_DEADLINE_S, address=info.address,
+                                       message="recipe e2e: preemption")
+            assert accepted, why
+            evicted = expect(lambda: eviction_record(api, victim["engine_id"]), PREEMPTION_DEADLINE_S + 10,
+                             f"{victim['engine_id']} to be evicted")
+            assert evicted["gone_before_deadline"] is True, evicted
+            assert evicted["notice_to_gone_s"] < PREEMPTION_DEADLINE_S - 1, evicted  # the margin kept back
+            assert victim["engine_id"] not in {e["engine_id"] for e in api.engines()
+                                               if e["status"] in ("ACTIVE", "DRAINING")}
+            left_as = expect(lambda: node_departure(victim["node_id"], address=info.address), 60,
+                             "the preempted node to leave")
+            assert left_as == "AUTOSCALER_DRAIN_PREEMPTED", left_as
+            expect(lambda: api.training_step() > step_at_notice, 120, "training to advance past the eviction")
+            print(f"\npreemption during training: notice -> {victim['engine_id']} gone "
+                  f"{evicted['notice_to_gone_s']:.1f}s (deadline {PREEMPTION_DEADLINE_S:.0f}s, budget "
+                  f"{evicted['budget_s']:.1f}s), {evicted['moved_requests']} request(s) moved; node left as {left_as}")
         finally:
             burst.terminate()  # its connections close: the engines abort what it left (SGLang's rule)
             burst.wait(timeout=30)

@@ -23,6 +23,7 @@ import pytest
 from relax.cluster import ray_auth
 from relax.cluster.local_elastic import ClusterInfo, ElasticCluster, ElasticClusterConfig, stop_cluster
 from relax.cluster.network import free_port
+from tests.ray_access import attach, listening, not_loopback
 
 T = TypeVar("T")
 
@@ -183,7 +184,7 @@ def test_elastic_cluster_grows_and_shrinks(record_property: Any, tmp_path: Any) 
             # Every process while the fake node is up (its raylet included), to check that stop leaves none,
             # and that all of them, the fake node's included, listen on loopback only.
             pids = set(cluster.pids())
-            assert _not_loopback(sorted(pids)) == set()
+            assert not_loopback(sorted(pids)) == set()
 
             ready = driver.call(op="ready", name="elastic", timeout=60)
             assert ready["ok"], ready
@@ -240,32 +241,6 @@ def _cli(state_dir: str, *args: str, timeout: float = 120) -> subprocess.Complet
                           capture_output=True, text=True, timeout=timeout, env=_shell_env())
 
 
-ATTACH = "import ray; ray.init(address={address!r}, log_to_driver=False); print('ATTACHED', flush=True)"
-
-
-def _attach(address: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", ATTACH.format(address=address)], capture_output=True, text=True,
-                          timeout=90, env=env)
-
-
-def _listening(pids: list[int]) -> set[tuple[int, str]]:
-    """(pid, address) of every TCP socket these processes listen on."""
-    import psutil
-
-    out: set[tuple[int, str]] = set()
-    for pid in pids:
-        try:
-            conns = psutil.Process(pid).net_connections(kind="inet")
-        except psutil.Error:
-            continue
-        out |= {(pid, c.laddr.ip) for c in conns if c.status == psutil.CONN_LISTEN}
-    return out
-
-
-def _not_loopback(pids: list[int]) -> set[tuple[int, str]]:
-    return {(pid, ip) for pid, ip in _listening(pids) if ip not in ("127.0.0.1", "::ffff:127.0.0.1", "::1")}
-
-
 def test_cluster_cli_up_status_down(tmp_path: Any) -> None:
     """`up` detaches (the head outlives the command), `status` reads it, `down` stops exactly those processes."""
     state_dir = str(tmp_path / "state")
@@ -282,13 +257,13 @@ def test_cluster_cli_up_status_down(tmp_path: Any) -> None:
         assert os.stat(info.token_path).st_mode & 0o777 == 0o600
         pids = ElasticCluster.attach(info).pids()
         assert info.head_pid in pids
-        assert _listening(pids) and _not_loopback(pids) == set()
+        assert listening(pids) and not_loopback(pids) == set()
 
         # A driver without the token is refused at once; one with the token `up` printed attaches.
-        refused = _attach(info.address, {**_shell_env(), "RAY_AUTH_MODE": "token"})
+        refused = attach(info.address, {**_shell_env(), "RAY_AUTH_MODE": "token"})
         assert refused.returncode != 0 and "ATTACHED" not in refused.stdout
         assert "AuthenticationError" in refused.stderr, refused.stderr[-2000:]
-        attached = _attach(info.address, {**_shell_env(), **info.env()})
+        attached = attach(info.address, {**_shell_env(), **info.env()})
         assert "ATTACHED" in attached.stdout, attached.stderr[-2000:]
 
         again = _cli(state_dir, "up", "--no-dashboard")
