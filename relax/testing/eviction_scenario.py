@@ -50,35 +50,70 @@ def _wait(predicate: Any, timeout: float, what: str, poll_s: float = 0.1) -> Any
 MODES = ("migrate", "retry", "abort", "sigterm")
 
 
-def run_mode(mode: str, cluster: Any, preset: Any, deadline_s: float, workdir: Path) -> dict[str, Any]:
+class Pool:
+    """A rollout manager with one initial engine on the head, shared by the modes that use the same handling
+    of unfinished requests (migrate, or retry from the prompt): each mode adds its own elastic engine and
+    evicts it, so only the first pays for the initial engine."""
+
+    def __init__(self, preset: Any, migrate: bool) -> None:
+        import ray
+        from ray.util.placement_group import placement_group
+
+        from relax.rollout.generator import SamplingSettings
+        from relax.rollout.manager import ManagerConfig, RolloutManager
+
+        self.baseline = placement_group([{"GPU": 1, "CPU": 1, "stable_gpu": 1, "stable_cpu": 1}], strategy="PACK")
+        ray.get(self.baseline.ready(), timeout=60)
+        config = ManagerConfig(
+            model_path=str(preset.model_dir), prompt_data=str(preset.train_path), num_rollout=1,
+            rollout_batch_size=1, sampling=SamplingSettings(n_samples=1, max_new_tokens=8), apply_chat_template=True,
+            rm_type="tiny", max_engines=2, scale_out_timeout_s=120, scale_in_drain_timeout_s=30,
+            scale_in_shutdown_timeout_s=5, migrate_in_flight=migrate,
+        )
+        self.manager = ray.remote(RolloutManager).options(max_concurrency=1000, num_cpus=0,
+                                                          resources={"stable_cpu": 0.01}).remote(config)
+        self.started = False
+
+    def start(self) -> None:
+        import ray
+
+        if not self.started:
+            ray.get(self.manager.start_initial_engines.remote([(self.baseline, 0)]), timeout=180)
+            self.started = True
+
+    def close(self) -> None:
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        ray.get(self.manager.shutdown.remote(), timeout=120)
+        ray.kill(self.manager)
+        remove_placement_group(self.baseline)
+
+
+def migrates(mode: str) -> bool:
+    return mode in ("migrate", "sigterm")
+
+
+def run_mode(mode: str, cluster: Any, pool: Pool, deadline_s: float, workdir: Path) -> dict[str, Any]:
     import httpx
     import ray
-    from ray.util.placement_group import placement_group, remove_placement_group
 
     from relax.cluster.drain import drain_node, node_departure
-    from relax.rollout.generator import SamplingSettings
-    from relax.rollout.manager import ManagerConfig, RolloutManager
     from relax.rollout.scaling import ScaleOutSpec
 
-    baseline = placement_group([{"GPU": 1, "CPU": 1, "stable_gpu": 1, "stable_cpu": 1}], strategy="PACK")
-    ray.get(baseline.ready(), timeout=60)
-    config = ManagerConfig(
-        model_path=str(preset.model_dir), prompt_data=str(preset.train_path), num_rollout=1, rollout_batch_size=1,
-        sampling=SamplingSettings(n_samples=1, max_new_tokens=8), apply_chat_template=True, rm_type="tiny",
-        max_engines=2, scale_out_timeout_s=120, scale_in_drain_timeout_s=30, scale_in_shutdown_timeout_s=5,
-        migrate_in_flight=mode in ("migrate", "sigterm"),
-    )
+    began = time.monotonic()
+    phases: dict[str, float] = {}
+    manager = pool.manager
     worker = None
     if mode == "sigterm":  # the elastic engine's node: the only free GPU, so its group lands there at once
         from relax.cluster.worker_node import WorkerNode, WorkerNodeConfig
 
-        worker = WorkerNode(cluster.address, workdir / "worker-node.log", WorkerNodeConfig(
+        worker = WorkerNode(cluster.address, workdir / f"worker-node-{mode}.log", WorkerNodeConfig(
             num_cpus=2, num_gpus=1, drain_timeout_s=deadline_s, env=cluster.info.env()))
         worker.start(timeout=90)
-    manager = ray.remote(RolloutManager).options(max_concurrency=1000, num_cpus=0,
-                                                 resources={"stable_cpu": 0.01}).remote(config)
     try:
-        ray.get(manager.start_initial_engines.remote([(baseline, 0)]), timeout=180)
+        pool.start()
+        phases["initial_engine_up_s"] = time.monotonic() - began
         request = ray.get(manager.scale_out.remote(ScaleOutSpec(num_replicas=2)), timeout=60)
 
         def elastic() -> dict[str, Any] | None:
@@ -87,13 +122,14 @@ def run_mode(mode: str, cluster: Any, preset: Any, deadline_s: float, workdir: P
 
         victim = _wait(elastic, 180, f"the elastic engine of {request['request_id']}", poll_s=0.5)
         url = victim["url"]
+        phases["elastic_engine_up_s"] = time.monotonic() - began - phases["initial_engine_up_s"]
 
         def generated() -> int:
             return int(httpx.get(f"{url}/server_info", timeout=10, trust_env=False).json()["stats"]["generated_tokens"])
 
         params = {"max_new_tokens": MAX_NEW_TOKENS, "temperature": 1.0, "ignore_eos": True}
         base = generated()
-        refs = [manager.generate.remote(f"evict-{i}", [1, 2, 3, 4], params) for i in range(N_REQUESTS)]
+        refs = [manager.generate.remote(f"evict-{mode}-{i}", [1, 2, 3, 4], params) for i in range(N_REQUESTS)]
         _wait(lambda: generated() - base >= 40, 60, "the elastic engine to start generating", poll_s=0.01)
         httpx.post(f"{url}/pause_generation", json={"mode": "in_place"}, timeout=10, trust_env=False)
         before_notice = generated() - base
@@ -134,8 +170,9 @@ def run_mode(mode: str, cluster: Any, preset: Any, deadline_s: float, workdir: P
         kept = after["tokens_kept"] - before["tokens_kept"]
         regenerated = after["tokens_regenerated"] - before["tokens_regenerated"]
         complete = sum(1 for o in outs if o.output["meta_info"]["completion_tokens"] == MAX_NEW_TOKENS)
+        phases["notice_to_node_recorded_gone_s"] = time.monotonic() - notice_at
         return {
-            "mode": mode, "requests": N_REQUESTS, "lost_samples": lost, "complete_samples": complete,
+            "mode": mode, "phases": phases, "requests": N_REQUESTS, "lost_samples": lost, "complete_samples": complete,
             "tokens_before_notice_on_engine": before_notice, "tokens_kept": kept, "tokens_regenerated": regenerated,
             "tokens_kept_fraction": kept / (kept + regenerated) if kept + regenerated else None,
             "migrated_requests": after["migrated_requests"] - before["migrated_requests"],
@@ -148,9 +185,6 @@ def run_mode(mode: str, cluster: Any, preset: Any, deadline_s: float, workdir: P
                        if victim["engine_id"] in e["engine_ids"] and e["kind"] in ("engine_evicted", "engine_state")],
         }
     finally:
-        ray.get(manager.shutdown.remote(), timeout=120)
-        ray.kill(manager)
-        remove_placement_group(baseline)
         if worker is not None:
             worker.kill()
 
@@ -188,10 +222,21 @@ def main(argv: list[str] | None = None) -> int:
         try:
             ray.init(address=info.address, log_to_driver=False, logging_level="ERROR",
                      runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
-            for mode in modes:
-                result = run_mode(mode, cluster, preset, args.deadline, Path(tmp))
-                results.append(result)
-                print(json.dumps(result) if args.json else f"{mode}: {result}", flush=True)
+            pools: dict[bool, Pool] = {}
+            try:
+                for mode in sorted(modes, key=lambda m: not migrates(m)):  # one pool per handling, in turn
+                    if migrates(mode) not in pools:
+                        for other in pools.values():
+                            other.close()
+                        pools = {migrates(mode): Pool(preset, migrates(mode))}
+                    started = time.monotonic()
+                    result = run_mode(mode, cluster, pools[migrates(mode)], args.deadline, Path(tmp))
+                    result["phases"]["mode_s"] = time.monotonic() - started
+                    results.append(result)
+                    print(json.dumps(result) if args.json else f"{mode}: {result}", flush=True)
+            finally:
+                for pool in pools.values():
+                    pool.close()
         finally:
             ray.shutdown()
             cluster.stop(timeout=30)
