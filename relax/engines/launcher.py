@@ -140,6 +140,30 @@ def guarded(argv: Sequence[str]) -> list[str]:
     return [sys.executable, "-m", "relax.engines.guard", "--owner-pid", str(os.getpid()), "--", *argv]
 
 
+def working_directory(spec_cwd: str | None, log_dir: str) -> tuple[str | None, str | None]:
+    """Where the server starts, and a warning when it cannot start where asked; ``None``: this process's own.
+
+    A Ray job with a ``working_dir`` runs its workers inside the unpacked copy, and a node's runtime-env agent
+    re-extracts that copy (``rmtree``, then unzip) when it first needs it. Where nodes share a filesystem (the
+    local elastic cluster's fake nodes; shared ``/tmp/ray`` mounts) a joining node so deletes the directory
+    every running worker sits in. A server started from a deleted directory dies at torch's first matmul
+    ("Intel oneMKL FATAL ERROR: Cannot load libtorch_cpu.so", exit 2). So: the directory by *name* (the
+    re-extracted copy, where relative paths in argv still resolve), else the log directory.
+    """
+    if spec_cwd is not None:
+        return spec_cwd, None
+    try:
+        os.getcwd()
+        return None, None
+    except FileNotFoundError:
+        pass
+    by_name = os.environ.get("PWD", "")  # the shell that exec'd the worker (`cd <working_dir> && exec ...`) set it
+    if by_name and os.path.isdir(by_name):
+        return by_name, f"this process's working directory was removed; starting the server in {by_name} (same path)"
+    return log_dir, (f"this process's working directory was removed (and PWD={by_name or '<unset>'} is gone); "
+                     f"starting the server in its log directory {log_dir}")
+
+
 class ServerProcess:
     """One server subprocess in its own session (process group), logging to ``spec.log_path``.
 
@@ -186,6 +210,9 @@ class ServerProcess:
             log_path = Path(self.spec.log_path)
             log_path.parent.mkdir(parents=True, exist_ok=True)
             env = {**os.environ, **self.spec.env}
+            cwd, why = working_directory(self.spec.cwd, str(log_path.parent))
+            if why:
+                logger.warning("%s: %s", self.spec.name, why)
             with open(log_path, "ab") as log:
                 self._proc = subprocess.Popen(
                     guarded(self.spec.argv),
@@ -193,7 +220,7 @@ class ServerProcess:
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     env=env,
-                    cwd=self.spec.cwd,
+                    cwd=cwd,
                     start_new_session=True,
                     close_fds=True,
                 )

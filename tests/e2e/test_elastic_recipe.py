@@ -132,6 +132,9 @@ def test_recipe_three_checks_on_an_elastic_cluster(cluster, jobs, tiny_preset, t
             outs = expect(lambda: (lambda rs: rs if any(r["status"] in ("ACTIVE", "PARTIAL") for r in rs) else None)(
                 requests("scale_out")), 180, "a scale-out request to end ACTIVE or PARTIAL")
             assert outs
+            # the preemption must leave an added engine for the scale-in below: wait for the whole ceiling
+            ceiling = httpx.get(f"{api.url}/autoscaler/status", timeout=5, trust_env=False).json()["ceiling"]
+            expect(lambda: len(api.active()) >= ceiling, 240, f"the pool at its ceiling of {ceiling} engines")
 
             # 2b. the provider reclaims one added node: a preemption notice with a deadline, mid-training
             victim = next(e for e in api.active() if e["kind"] == "elastic")

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
+import shutil
 import signal
+import subprocess
 import sys
 import textwrap
 import time
@@ -40,6 +43,9 @@ FAKE_SERVER = textwrap.dedent(
             print(f"log line {i}", flush=True)
         print("Traceback: model not found", flush=True)
         sys.exit(3)
+    if mode == "torch":  # what an engine does first: torch's first matmul loads MKL's kernels
+        import torch
+        print("matmul", float((torch.ones(64, 64) @ torch.ones(64, 64)).sum()), "cwd", os.getcwd(), flush=True)
     if mode == "ignore-term":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if mode == "spawn-child":
@@ -216,6 +222,60 @@ def test_exit_during_startup_fails_fast_with_log_tail(fake_spec: Callable[..., L
     back = pickle.loads(pickle.dumps(err))
     assert (back.exit_code, back.log_tail, str(back)) == (3, err.log_tail, str(err))
     assert server.stop() == 3
+
+
+# A Ray worker whose working directory a joining node's runtime-env agent removes and re-extracts.
+WORKER = textwrap.dedent(
+    """
+    import json, sys
+    from relax.engines.launcher import LaunchSpec, ServerProcess
+    spec = LaunchSpec(**json.loads(sys.argv[1]))
+    print("ready", flush=True)
+    sys.stdin.readline()  # the test replaces our working directory meanwhile
+    server = ServerProcess(spec)
+    server.start()
+    try:
+        server.wait_healthy(timeout=120)
+        print("healthy", flush=True)
+    except Exception as exc:
+        print("failed", exc, flush=True)
+    finally:
+        server.stop(grace_s=5)
+    """
+)
+
+
+@pytest.mark.parametrize("re_extracted", [True, False], ids=["re-extracted", "gone"])
+def test_server_starts_when_the_workers_directory_was_removed(tmp_path: Path, re_extracted: bool) -> None:
+    """Ray re-extracts a job's working_dir (rmtree + unzip) when a node on the same filesystem first needs
+    it; a server started from the deleted directory aborted in torch (MKL cannot load, exit 2)."""
+    script = tmp_path / "fake_server.py"
+    script.write_text(FAKE_SERVER)
+    workdir = tmp_path / "working_dir_files" / "_ray_pkg_abc"
+    workdir.mkdir(parents=True)
+    port = free_port()
+    log_path = tmp_path / "logs" / "engine.log"
+    spec = {"argv": [sys.executable, str(script), str(port), "torch"], "host": "127.0.0.1", "port": port,
+            "log_path": str(log_path), "name": "engine_cwd"}
+    env = {**os.environ, "PYTHONPATH": str(Path(relax.__file__).parent.parent), "PWD": str(workdir)}
+    worker = subprocess.Popen([sys.executable, "-c", WORKER, json.dumps(spec)], cwd=workdir, env=env,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert worker.stdout.readline().strip() == "ready"
+        shutil.rmtree(workdir)
+        if re_extracted:
+            workdir.mkdir()
+        worker.stdin.write("go\n")
+        worker.stdin.flush()
+        out, _ = worker.communicate(timeout=180)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+    log = log_path.read_text()
+    assert out.strip() == "healthy", f"{out}\n{log}"
+    assert "matmul 262144.0" in log and "FATAL" not in log
+    assert f"cwd {workdir if re_extracted else log_path.parent}" in log
 
 
 def _status(url: str) -> int | None:
