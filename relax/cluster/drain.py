@@ -61,16 +61,22 @@ def draining_nodes() -> dict[str, int] | None:
         return None
 
 
+def _gcs(address: str | None) -> Any:
+    """A GCS client for ``address``, or for the cluster this process's driver or worker is attached to."""
+    import ray
+
+    return ray._raylet.GcsClient(address=address or ray.get_runtime_context().gcs_address)
+
+
 def drain_node(node_id: str, deadline_s: float | None, *, reason: str = "DRAIN_NODE_REASON_PREEMPTION",
                message: str = "relax", address: str | None = None) -> tuple[bool, str]:
     """Ask the GCS to drain ``node_id`` with a deadline ``deadline_s`` from now (what a provider's notice does).
 
     Returns ``(accepted, rejection message)``. For operators' hooks and the tests.
     """
-    import ray
     from ray.core.generated import autoscaler_pb2
 
-    gcs: Any = ray._raylet.GcsClient(address=address or ray.get_runtime_context().gcs_address)
+    gcs = _gcs(address)
     deadline_ms = 0 if deadline_s is None else int(time.time() * 1000 + deadline_s * 1000)
     accepted, rejection = gcs.drain_node(node_id, autoscaler_pb2.DrainNodeReason.Value(reason), message, deadline_ms)
     return bool(accepted), str(rejection or "")
@@ -80,10 +86,9 @@ def node_departure(node_id: str, address: str | None = None, timeout: float = 10
     """How a node left, as the GCS recorded it: ``None`` while it is alive (or unknown), else the death
     reason's name, e.g. ``AUTOSCALER_DRAIN_PREEMPTED`` for a node that exited after a preemption drain,
     ``AUTOSCALER_DRAIN_IDLE`` after an idle drain, ``UNEXPECTED_TERMINATION`` for a crash."""
-    import ray
     from ray.core.generated import gcs_pb2
 
-    gcs: Any = ray._raylet.GcsClient(address=address or ray.get_runtime_context().gcs_address)
+    gcs = _gcs(address)
     for nid, info in gcs.get_all_node_info(timeout=timeout).items():
         if nid.hex() == node_id and info.state == gcs_pb2.GcsNodeInfo.DEAD:
             reason = info.death_info.DESCRIPTOR.fields_by_name["reason"].enum_type

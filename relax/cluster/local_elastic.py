@@ -781,7 +781,7 @@ class ElasticCluster:
         # cluster it belongs to.
         env.pop("RAY_ADDRESS", None)
         if not cfg.loopback:
-            env.pop(ray_auth.LOOPBACK_ENV, None)
+            env.pop(ray_auth.LOOPBACK_ENV, None)  # os.environ lost it above; cfg.env may bring it back
         if token_path is not None:
             env.pop(ray_auth.TOKEN_ENV, None)  # the file holds the same token: one source for every process
             # This process talks to the cluster (GcsClient, jobs API) with the same token.

@@ -271,7 +271,7 @@ class Driver:
     def run(self) -> int:
         import ray
 
-        from relax.training.report import MetricsLog, keep_rows, plot, summarize
+        from relax.training.report import MetricsLog, plot, resume_records, summarize
 
         self.run_dir.mkdir(parents=True, exist_ok=True)
         metrics = MetricsLog(
@@ -283,9 +283,8 @@ class Driver:
             start_step, cursor = self._maybe_resume()
             if start_step > 0:
                 metrics.resume(start_step)  # one row per step across the segments; the summary covers them all
-                versions_log.close()  # and the per-sample records (0-based steps) of the steps done again
-                for name in ("sample_versions.jsonl", "samples.jsonl"):
-                    keep_rows(self.run_dir / name, lambda row: int(row["step"]) < start_step)
+                versions_log.close()  # and the per-sample records of the steps done again
+                resume_records(self.run_dir, start_step)
                 versions_log = (self.run_dir / "sample_versions.jsonl").open("a", encoding="utf-8")
                 self._publish(start_step)
             if self.args.eval_prompt_data and not self.args.skip_eval_before_train and start_step == 0:

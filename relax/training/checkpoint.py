@@ -35,10 +35,8 @@ The functions here do only file I/O; the collectives that gather and scatter the
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +44,7 @@ from typing import Any
 
 import torch
 
+from relax.training.durable import atomic_write_text
 from relax.training.weights import WEIGHTS_FILE, atomic_dir, copy_model_files, write_safetensors
 
 __all__ = [
@@ -172,32 +171,8 @@ def write_latest(save_dir: str | Path, ckpt_dir: str | Path) -> Path:
     if (root / name).exists() and not is_complete(root / name):
         raise ValueError(f"{root / name} is not a complete checkpoint; the latest pointer must not name it")
     root.mkdir(parents=True, exist_ok=True)
-    tmp = root / f".{LATEST_FILE}.tmp-{uuid.uuid4().hex[:8]}"
-    try:
-        with tmp.open("w", encoding="utf-8") as handle:
-            handle.write(name + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, root / LATEST_FILE)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(root)
+    atomic_write_text(root / LATEST_FILE, name + "\n")
     return root / LATEST_FILE
-
-
-def _fsync_dir(path: Path) -> None:
-    """Make a rename in ``path`` durable where the platform allows it (best effort: not on every filesystem)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def read_latest(save_dir: str | Path) -> str | None:

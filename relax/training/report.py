@@ -12,12 +12,12 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from relax.training.durable import atomic_write_text
 
 log = logging.getLogger("relax.train")
 
@@ -28,7 +28,7 @@ RUN_SECONDS = "time/run_s"
 def keep_rows(path: Path, keep: Callable[[dict[str, Any]], bool]) -> tuple[list[dict[str, Any]], int]:
     """Rewrite the JSONL file ``path`` with only the rows ``keep`` accepts; returns ``(kept rows, dropped)``.
 
-    Atomic (a temp file, fsync, ``os.replace``): a crash leaves the old file or the new one. A line that does
+    Atomic (``durable.atomic_write_text``): a crash leaves the old file or the new one. A line that does
     not parse, or a row ``keep`` cannot judge (a missing or odd field), is dropped: it is what a crash in
     mid-write leaves. A missing file stays missing.
     """
@@ -48,17 +48,27 @@ def keep_rows(path: Path, keep: Callable[[dict[str, Any]], bool]) -> tuple[list[
             kept.append(row)
         else:
             dropped += 1
-    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
-    try:
-        with tmp.open("w", encoding="utf-8") as handle:
-            handle.writelines(json.dumps(row) + "\n" for row in kept)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    atomic_write_text(path, "".join(json.dumps(row) + "\n" for row in kept))
     return kept, dropped
+
+
+#: Per-sample records of a run directory; their ``step`` counts from 0 (``metrics.jsonl`` counts from 1).
+SAMPLE_RECORDS = ("sample_versions.jsonl", "samples.jsonl")
+
+
+def resume_records(run_dir: Path, start_step: int) -> int:
+    """A segment resumes after ``start_step`` steps: drop the per-sample records of the steps it runs again.
+
+    The steps the checkpoint holds (0-based ``step < start_step``) stay; what a crashed segment wrote after
+    them goes, or the run's records would count those samples twice. Returns how many rows were dropped.
+    Call it while no writer holds the files open (the driver closes its log first).
+    """
+    dropped = 0
+    for name in SAMPLE_RECORDS:
+        dropped += keep_rows(run_dir / name, lambda row: int(row["step"]) < start_step)[1]
+    if dropped:
+        log.info("resume: dropped %d per-sample record(s) of steps from %d on", dropped, start_step)
+    return dropped
 
 
 class MetricsLog:

@@ -23,7 +23,7 @@ from relax.training.checkpoint import (
     write_checkpoint,
     write_latest,
 )
-from relax.training.report import RUN_SECONDS, MetricsLog, keep_rows, summarize
+from relax.training.report import RUN_SECONDS, MetricsLog, keep_rows, resume_records, summarize
 from relax.training.weights import WEIGHTS_FILE
 
 
@@ -139,12 +139,18 @@ def test_a_resumed_run_logs_each_step_once_and_summarizes_the_whole_run(tmp_path
 def test_per_sample_records_of_steps_done_again_are_dropped_on_resume(tmp_path: Path) -> None:
     """sample_versions.jsonl / samples.jsonl count steps from 0: resuming after 2 steps keeps steps 0 and 1
     (the steps the checkpoint holds), drops what the crashed segment wrote after them and any torn line."""
-    path = tmp_path / "sample_versions.jsonl"
     rows = [{"step": s, "trainer_version": s} for s in (0, 1, 2, 3)]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 4, "trai')
-    kept, dropped = keep_rows(path, lambda row: int(row["step"]) < 2)
-    assert kept == rows[:2] and dropped == 3
-    assert [json.loads(line) for line in path.read_text().splitlines()] == rows[:2]
-    assert not list(tmp_path.glob(".*tmp*"))  # the rewrite's temp file is gone
-    assert keep_rows(tmp_path / "samples.jsonl", lambda row: True) == ([], 0)  # no file: nothing to do
+    (tmp_path / "sample_versions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 4, "trai')
+    (tmp_path / "samples.jsonl").write_text("".join(json.dumps({**r, "text": "x"}) + "\n" for r in rows))
+    assert resume_records(tmp_path, 2) == 3 + 2
+    assert read_jsonl(tmp_path / "sample_versions.jsonl") == rows[:2]
+    assert [r["step"] for r in read_jsonl(tmp_path / "samples.jsonl")] == [0, 1]
+    assert not list(tmp_path.glob(".*tmp*"))  # the rewrites' temp files are gone
+    (tmp_path / "samples.jsonl").unlink()  # records are optional (--save-samples): a missing file stays missing
+    assert resume_records(tmp_path, 1) == 1
     assert not (tmp_path / "samples.jsonl").exists()
+    assert keep_rows(tmp_path / "absent.jsonl", lambda row: True) == ([], 0)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
