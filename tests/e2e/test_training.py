@@ -104,13 +104,14 @@ def test_it_learns_with_bounded_staleness_then_resumes_on_policy_at_the_same_dat
     fresh_shell = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH_")}
     results = run_together(
         [train_argv(tiny_preset, resumed, num_rollout=32, max_staleness=0, extra=("--load", str(ckpt / "step_000030"))),
-         train_argv(tiny_preset, neighbour, num_rollout=3, max_staleness=1, extra=("--api-port", "0"))],
+         train_argv(tiny_preset, neighbour, num_rollout=2, max_staleness=1, trainer_gpus=1, rollout_gpus=1,
+                    extra=("--api-port", "0"))],  # the smallest run that leases its own scratch space
         [resumed, neighbour], [None, fresh_shell])
     run_ids = [RUN_ID.search(r.stderr).group(1) for r in results]
     assert run_ids[0] != run_ids[1]
     for r in results:
         assert not ENGINE_FAILED.search(r.stderr), ENGINE_FAILED.search(r.stderr).group(0)
-    assert json.loads((neighbour / "summary.json").read_text())["training_steps"] == 3
+    assert json.loads((neighbour / "summary.json").read_text())["training_steps"] == 2
     assert [p.name for p in SCRATCH.glob("relax-run-*") if any(i in p.name for i in run_ids)] == []
     result = results[0]
     rows = read_jsonl(resumed / "sample_versions.jsonl")
