@@ -209,7 +209,10 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     with tempfile.TemporaryDirectory(prefix="relax-evict-") as tmp:
         preset = build_tiny_preset(Path(args.preset or tmp) / "tiny") if not args.preset else _load(args.preset)
-        cluster = ElasticCluster(ElasticClusterConfig(head_gpus=1, max_elastic=1, idle_timeout_minutes=0.5,
+        # A slot per mode that evicts from an added node: a preempted node leaves by itself, but the autoscaler
+        # counts it until its own idle check, and the next mode's node should not wait for that.
+        added_nodes = max(1, sum(m != "sigterm" for m in modes))
+        cluster = ElasticCluster(ElasticClusterConfig(head_gpus=1, max_elastic=added_nodes, idle_timeout_minutes=0.5,
                                                       loopback=loopback,
                                                       include_dashboard=False,
                                                       env={"OMP_NUM_THREADS": "1"}))
@@ -221,10 +224,10 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 for mode in sorted(modes, key=lambda m: not migrates(m)):
                     started = time.monotonic()
-                    if pool is None or pool.migrate != migrates(mode):
-                        if pool is not None:
-                            pool.close()
-                            pool = None
+                    if pool is not None and pool.migrate != migrates(mode):
+                        pool.close()
+                        pool = None  # closed: the finally below must not close it again if the next fails
+                    if pool is None:
                         pool = Pool(preset, migrates(mode))
                     result = run_mode(mode, cluster, pool, args.deadline, Path(tmp))
                     result["phases"]["mode_s"] = time.monotonic() - started
