@@ -16,14 +16,12 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# CI runs this: the lint (ruff, layer contracts, no import cycles) first, then the whole suite, spread
-# over TEST_WORKERS pytest processes (pytest-xdist), one test file at a time each: a file's tests share
-# fixtures and order. Files go out in collection order (the minutes-long e2e files first), not xdist's
-# default of the most tests first, which would leave the longest files for the end. Two on two cores:
-# the cluster tests wait on deadlines and nodes joining about half their time.
+# CI runs this: the lint (ruff, layer contracts, no import cycles) first, then the whole suite on
+# TEST_WORKERS pytest-xdist workers. tests/scheduling.py decides what goes where (a file at a time, the
+# e2e group as one unit, in collection order); -n 0 runs it in one process.
 TEST_WORKERS ?= 2
 test: $(STAMP) lint
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --no-loadscope-reorder tests
 
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit

@@ -63,6 +63,16 @@ def smollm2_preset(tmp_path_factory: pytest.TempPathFactory):
     return built_once(tmp_path_factory, "smollm2-preset", build_smollm2_preset)
 
 
+# ------------------------------------------------------------------ workers (tests/scheduling.py)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    from tests.scheduling import FilesWithE2ETogether
+
+    return FilesWithE2ETogether(config, log)
+
+
 # ------------------------------------------------------------------ the leak check (tests/leaks.py)
 
 
@@ -72,6 +82,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     session.config._relax_started_at = time.time()  # type: ignore[attr-defined]
 
 
+@pytest.hookimpl(trylast=True)  # under xdist: after the controller has shut its workers down
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     from tests import leaks
 

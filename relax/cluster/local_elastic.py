@@ -714,7 +714,9 @@ class ElasticCluster:
         port = cfg.port or _free_port()
         if cfg.port and port_in_use(port):
             raise ElasticClusterError(f"GCS port {port} is in use; pick another one (--port; 0 picks a free port)")
-        dashboard_port = cfg.dashboard_port or _free_port()
+        # Off, Ray still starts its dashboard process, on 8265 and with no retries: it gets a free port too, so
+        # a cluster without a dashboard never depends on another Ray's (or a second test run's) port.
+        dashboard_port = (cfg.dashboard_port if cfg.include_dashboard else 0) or _free_port()
         if cfg.include_dashboard and port_in_use(dashboard_port):
             raise ElasticClusterError(f"dashboard port {dashboard_port} is in use (another Ray dashboard?); "
                                       f"pick another one (--dashboard-port; 0 picks a free port)")
@@ -763,7 +765,7 @@ class ElasticCluster:
         if cfg.include_dashboard:
             cmd += ["--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}"]
         else:
-            cmd += ["--include-dashboard=false"]
+            cmd += ["--include-dashboard=false", f"--dashboard-port={dashboard_port}"]
         env = {
             **os.environ,
             "RAY_FAKE_CLUSTER": "1",

@@ -46,18 +46,27 @@ def _session_of(pid: int) -> Path:
     return session
 
 
-def _engine_processes(session: Path) -> list[psutil.Process]:
-    """Guards (and their servers) whose owner is a worker of this run's cluster."""
-    workers = {p.pid for p in session_processes(session)}
+def _guards_of(owners: set[int]) -> list[psutil.Process]:
+    """Engine guards whose ``--owner-pid`` is one of ``owners``. Other processes on the machine (another test
+    run's, a zombie) are skipped, not read: their command line may be gone by the time it is asked for."""
     found = []
     for proc in psutil.process_iter():
         try:
             argv = proc.cmdline()
-            if "relax.engines.guard" in argv and int(argv[argv.index("--owner-pid") + 1]) in workers:
+            if "relax.engines.guard" in argv and int(argv[argv.index("--owner-pid") + 1]) in owners:
                 found.append(proc)
-                found.extend(proc.children(recursive=True))
         except (psutil.Error, ValueError, IndexError):
             continue
+    return found
+
+
+def _engine_processes(session: Path) -> list[psutil.Process]:
+    """Guards (and their servers) whose owner is a worker of this run's cluster."""
+    found = []
+    for guard in _guards_of({p.pid for p in session_processes(session)}):
+        found.append(guard)
+        with contextlib.suppress(psutil.Error):
+            found.extend(guard.children(recursive=True))
     return found
 
 
@@ -128,9 +137,7 @@ def test_a_driver_sigtermed_during_start_up_leaves_nothing(tiny_preset, tmp_path
         assert code != 0 or "stopping" in log.read_text(errors="replace")
         assert _wait_none(lambda: session_processes(session), timeout=10) < 10
         assert _wait_none(lambda: _alive(workers), timeout=30) < 30  # incl. the engines' actors (and so the engines)
-        leftover_guards = [p for p in psutil.process_iter() if "relax.engines.guard" in " ".join(p.cmdline())
-                           and any(f"--owner-pid {w.pid} " in " ".join(p.cmdline()) + " " for w in workers)]
-        assert not _alive(leftover_guards)
+        assert not _alive(_guards_of({w.pid for w in workers}))
         assert "Traceback" not in log.read_text(errors="replace")
         print(f"driver SIGTERMed in start-up: exited (code {code}) after {exited:.1f}s, nothing left")
     finally:
