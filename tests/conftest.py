@@ -63,16 +63,6 @@ def smollm2_preset(tmp_path_factory: pytest.TempPathFactory):
     return built_once(tmp_path_factory, "smollm2-preset", build_smollm2_preset)
 
 
-# ------------------------------------------------------------------ workers (tests/scheduling.py)
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    from tests.scheduling import FilesWithE2ETogether
-
-    return FilesWithE2ETogether(config, log)
-
-
 # ------------------------------------------------------------------ the leak check (tests/leaks.py)
 
 

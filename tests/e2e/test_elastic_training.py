@@ -32,6 +32,14 @@ def request_done(api: RunApi, direction: str, request_id: str) -> dict | None:
     return record if record["status"] in ("ACTIVE", "PARTIAL", "FAILED", "CANCELLED", "COMPLETED") else None
 
 
+def _running(pid: int) -> bool:
+    """Alive and not a zombie; a process that exits while it is looked at counts as gone."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def test_rest_scaling_while_training(tiny_preset, tmp_path: Path) -> None:
     port = free_port()
     api = RunApi(f"http://127.0.0.1:{port}")
@@ -80,8 +88,7 @@ def test_rest_scaling_while_training(tiny_preset, tmp_path: Path) -> None:
     steps_logged = len([r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
                         if r["kind"] == "train"])
     assert (ckpt / "latest").read_text().strip() == f"step_{steps_logged:06d}"
-    wait_until(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
-                               for p in started), 60, "every process the run started to exit")
+    wait_until(lambda: not any(map(_running, started)), 60, "every process the run started to exit")
     rows = [json.loads(line) for line in (out / "sample_versions.jsonl").read_text().splitlines()]
     assert len(rows) >= 9
     for row in rows:  # the trainer never got a sample older than --max-staleness 1
