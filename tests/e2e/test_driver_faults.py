@@ -114,7 +114,11 @@ def test_a_driver_killed_by_pid_leaves_only_what_the_next_start_stops(tiny_prese
         left_names = sorted(p.name() for p in _alive(session_processes(session)))
         # what the next start does first: stop the leftovers of marked sessions whose driver is gone
         stopped = clean_stale_sessions()
-        assert len(stopped) >= len(left_names)
+        # the two agents never exit by themselves: the cleanup must be what stops them (a worker that was still
+        # exiting at the snapshot may be gone on its own by now, so the counts need not match)
+        for agent in ("ray::DashboardAgent", "ray::RuntimeEnvAgent"):
+            if agent in left_names:
+                assert any(agent in line for line in stopped), (agent, stopped)
         assert _wait_none(lambda: session_processes(session), timeout=15) < 15
         assert not (session / MARKER).exists()  # marked as cleaned: never looked at again
         print(f"driver SIGKILLed: engines gone after {engines_gone:.1f}s; left for the next start: {left_names}; "
