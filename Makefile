@@ -19,8 +19,7 @@ install: $(STAMP)
 # CI runs this: the lint (ruff, layer contracts, no import cycles) first, then the whole suite on
 # TEST_WORKERS pytest-xdist workers, one test file at a time each (a file's tests share fixtures and
 # order). Files go out in collection order, the minutes-long e2e files first, not xdist's default of the
-# most tests first, which leaves the longest files for the end. Measured on 2 cores (docs/development.md):
-# 2 workers 881 s against 1138 s in one process; the e2e group as one worker's unit was slower (990 s).
+# most tests first, which leaves the longest files for the end (measurements: docs/development.md).
 # -n 0 runs everything in one process.
 TEST_WORKERS ?= 2
 test: $(STAMP) lint
