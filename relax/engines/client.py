@@ -15,10 +15,11 @@ Errors are typed so that callers can decide without parsing strings:
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-import httpx
+import aiohttp
 
 # Status codes that mean "this engine cannot serve right now", not "your request is wrong".
 _UNAVAILABLE_STATUS = frozenset({502, 503, 504})
@@ -119,7 +120,27 @@ def normalize_base_url(base_url: str) -> str:
     return f"{parts.scheme}://{parts.netloc}{parts.path.rstrip('/')}"
 
 
-def _server_message(response: httpx.Response) -> str:
+@dataclass(frozen=True, slots=True)
+class Response:
+    """An engine's answer, read in full: the connection is back in the pool before anyone looks at it."""
+
+    status_code: int
+    reason: str
+    content: bytes
+
+    @property
+    def is_success(self) -> bool:
+        return 200 <= self.status_code < 300
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", errors="replace")
+
+    def json(self) -> Any:
+        return json.loads(self.content)
+
+
+def _server_message(response: Response) -> str:
     """Best-effort extraction of the error text an engine put in its response body."""
     text = response.text
     try:
@@ -139,17 +160,22 @@ def _server_message(response: httpx.Response) -> str:
     text = text.strip()
     if len(text) > _MAX_BODY_IN_MESSAGE:
         text = text[:_MAX_BODY_IN_MESSAGE] + "..."
-    return text or response.reason_phrase
+    return text or response.reason
 
 
 class EngineClient:
     """One engine's HTTP API as async methods; close it with ``aclose()`` or ``async with``.
 
     ``timeout`` (seconds) applies to every call unless the call passes its own ``timeout=`` (``None``
-    there means no limit): a long generation legitimately outlives a health probe's patience. ``token``
-    is sent as ``Authorization: Bearer`` (SGLang's ``--api-key``). Proxy environment variables are
-    ignored: engines are cluster-internal, and an ``HTTP_PROXY`` meant for the internet must not
-    swallow traffic to 10.x addresses.
+    there means no limit): a long generation legitimately outlives a health probe's patience. As with
+    SGLang's own clients it bounds connecting (waiting for a pooled connection included) and each wait
+    for bytes, not the whole exchange. ``token`` is sent as ``Authorization: Bearer`` (SGLang's
+    ``--api-key``). Proxy environment variables are ignored: engines are cluster-internal, and an
+    ``HTTP_PROXY`` meant for the internet must not swallow traffic to 10.x addresses.
+
+    The transport is aiohttp, not httpx: the rollout manager keeps one generation in flight per sample,
+    and httpx's connection pool scans (and polls the socket of) every pooled connection on each request,
+    so its CPU per request grows with the number in flight (``benchmarks/engine_client.py``).
     """
 
     def __init__(
@@ -164,16 +190,12 @@ class EngineClient:
         if timeout is None or timeout <= 0:
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
         self.timeout = float(timeout)
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.AsyncClient(
-            base_url=self.base_url,
-            timeout=self.timeout,
-            headers=headers,
-            trust_env=False,
-            # Many concurrent generations per engine is the normal case; a small pool would turn
-            # queueing on our side into PoolTimeouts that look like an unavailable engine.
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=64),
-        )
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        # Many concurrent generations per engine is the normal case; a small pool would turn queueing on
+        # our side into timeouts that look like an unavailable engine.
+        self._max_connections = max_connections
+        self._session: aiohttp.ClientSession | None = None  # made in the first call: it binds to that loop
+        self._closed = False
 
     # -- plumbing ---------------------------------------------------------------------------------
 
@@ -182,16 +204,33 @@ class EngineClient:
 
     @property
     def closed(self) -> bool:
-        return self._http.is_closed
+        return self._closed
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        self._closed = True
+        if self._session is not None:
+            await self._session.close()
 
     async def __aenter__(self) -> EngineClient:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._closed:
+            raise RuntimeError(f"{self!r} is closed")
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                headers=self._headers,
+                trust_env=False,
+                connector=aiohttp.TCPConnector(limit=self._max_connections),
+            )
+        return self._session
+
+    @staticmethod
+    def _timeout(seconds: float | None) -> aiohttp.ClientTimeout:
+        return aiohttp.ClientTimeout(total=None, connect=seconds, sock_read=seconds)
 
     async def _request(
         self,
@@ -200,25 +239,22 @@ class EngineClient:
         *,
         payload: dict[str, Any] | None = None,
         timeout: float | None = _UNSET,
-    ) -> httpx.Response:
+    ) -> Response:
         """Send one request; map transport failures and error statuses to typed errors.
 
         ``timeout`` left out means the client's timeout; ``None`` means no limit.
         """
-        kwargs: dict[str, Any] = {}
-        if payload is not None:
-            kwargs["json"] = payload
-        if timeout is not _UNSET:
-            kwargs["timeout"] = httpx.Timeout(timeout)
+        limit = self._timeout(self.timeout if timeout is _UNSET else timeout)
         try:
-            response = await self._http.request(method, endpoint, **kwargs)
-        except httpx.TimeoutException as exc:
+            async with self._http().request(method, self.base_url + endpoint, json=payload, timeout=limit) as answer:
+                response = Response(answer.status, answer.reason or "", await answer.read())
+        except TimeoutError as exc:
             raise EngineUnavailable(
                 f"{method} {self.base_url}{endpoint} timed out ({type(exc).__name__})",
                 url=self.base_url,
                 endpoint=endpoint,
             ) from exc
-        except httpx.TransportError as exc:
+        except aiohttp.ClientError as exc:
             raise EngineUnavailable(
                 f"{method} {self.base_url}{endpoint} failed: {type(exc).__name__}: {exc}",
                 url=self.base_url,
@@ -236,7 +272,7 @@ class EngineClient:
             server_message=message,
         )
 
-    def _json(self, response: httpx.Response, endpoint: str) -> Any:
+    def _json(self, response: Response, endpoint: str) -> Any:
         """Parse a JSON body; an empty body is ``None`` (SGLang answers some control calls with none)."""
         if not response.content:
             return None
