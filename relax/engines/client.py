@@ -28,6 +28,14 @@ _MAX_BODY_IN_MESSAGE = 500
 
 _UNSET: Any = object()
 
+#: How long an idle pooled connection may be reused. Engines serve with uvicorn, which closes a keep-alive
+#: connection idle for 5 s (its default; the built-in engine and SGLang both run under it). A request sent on a
+#: connection the server is closing at that moment is reset ("connection reset by peer"), and after a lull
+#: (the trainer holding generation back) every pooled connection hits the 5 s mark at once, so retries fail
+#: the same way. Giving idle connections up well before the server does avoids the race without probing
+#: each socket per request.
+KEEPALIVE_S = 2.0
+
 #: Where old SGLang builds reported the weight version; 0.5.23 has no such route (it is in /model_info).
 LEGACY_WEIGHT_VERSION_ROUTE = "/get_weight_version"
 
@@ -185,15 +193,19 @@ class EngineClient:
         timeout: float = 60.0,
         token: str | None = None,
         max_connections: int = 1024,
+        keepalive_s: float = KEEPALIVE_S,
     ) -> None:
         self.base_url = normalize_base_url(base_url)
         if timeout is None or timeout <= 0:
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
         self.timeout = float(timeout)
+        if not keepalive_s > 0:
+            raise ValueError(f"keepalive_s must be a positive number of seconds, got {keepalive_s!r}")
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         # Many concurrent generations per engine is the normal case; a small pool would turn queueing on
         # our side into timeouts that look like an unavailable engine.
         self._max_connections = max_connections
+        self._keepalive_s = keepalive_s
         self._session: aiohttp.ClientSession | None = None  # made in the first call: it binds to that loop
         self._closed = False
 
@@ -224,7 +236,7 @@ class EngineClient:
             self._session = aiohttp.ClientSession(
                 headers=self._headers,
                 trust_env=False,
-                connector=aiohttp.TCPConnector(limit=self._max_connections),
+                connector=aiohttp.TCPConnector(limit=self._max_connections, keepalive_timeout=self._keepalive_s),
             )
         return self._session
 

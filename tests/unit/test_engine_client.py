@@ -417,3 +417,66 @@ async def test_aclose_and_context_manager(engine: EngineDouble) -> None:
     assert not c.closed
     await c.aclose()
     assert c.closed
+
+
+class ResettingEngine:
+    """A raw HTTP/1.1 server that keeps connections alive, but resets one that a request reuses after it sat
+    idle for ``idle_limit_s``: what a client meets when its request crosses uvicorn's keep-alive close."""
+
+    def __init__(self, idle_limit_s: float) -> None:
+        self.idle_limit_s = idle_limit_s
+        self.connections = 0
+        self.resets = 0
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        import socket
+        import struct
+
+        self.connections += 1
+        answered_at: float | None = None
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                if answered_at is not None and time.monotonic() - answered_at > self.idle_limit_s:
+                    self.resets += 1
+                    sock = writer.get_extra_info("socket")
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close as RST
+                    writer.transport.abort()
+                    return
+                length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                               if line.lower().startswith(b"content-length:")), 0)
+                await reader.readexactly(length)
+                body = json.dumps({"text": "ok", "meta_info": {"finish_reason": {"type": "stop"}}}).encode()
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+                             + str(len(body)).encode() + b"\r\n\r\n" + body)
+                await writer.drain()
+                answered_at = time.monotonic()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+
+@pytest.mark.parametrize(("keepalive_s", "resets"), [(0.2, False), (30.0, True)])
+async def test_idle_connections_are_given_up_before_the_server_closes_them(keepalive_s: float, resets: bool) -> None:
+    """After a lull longer than the server's keep-alive, the next requests must open fresh connections: a
+    reused one is reset (the engine closed it), and every pooled connection went idle at the same moment."""
+    double = ResettingEngine(idle_limit_s=0.4)
+    server = await asyncio.start_server(double.serve, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    try:
+        async with EngineClient(url, timeout=5, keepalive_s=keepalive_s) as c:
+            await asyncio.gather(*(c.generate("x") for _ in range(8)))
+            await asyncio.sleep(0.6)  # the lull itself is the scenario: longer than the server keeps them
+            if resets:  # the check can fail: a client that keeps connections too long is reset
+                with pytest.raises(EngineUnavailable, match="reset|disconnected"):
+                    await asyncio.gather(*(c.generate("x") for _ in range(8)))
+            else:
+                assert len(await asyncio.gather(*(c.generate("x") for _ in range(8)))) == 8
+                assert double.resets == 0 and double.connections >= 16
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+def test_keepalive_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="keepalive_s must be a positive"):
+        EngineClient("http://127.0.0.1:1", keepalive_s=0)
