@@ -134,7 +134,8 @@ def main() -> None:
         server.wait(timeout=30)
     rows = []
     for level in levels:
-        ours, theirs = statistics.median(runs["relax_aiohttp"][level]), statistics.median(runs["httpx"][level])
+        ours = round(statistics.median(runs["relax_aiohttp"][level]), 3)
+        theirs = round(statistics.median(runs["httpx"][level]), 3)
         rows.append({"concurrency": level, "relax_cpu_ms_per_request": ours, "httpx_cpu_ms_per_request": theirs,
                      "httpx_over_relax": round(theirs / ours, 1)})
         print(f"concurrency {level:4d}: EngineClient {ours:.2f} ms CPU/request, httpx {theirs:.2f} ms "
