@@ -175,11 +175,11 @@ class EngineClient:
     """One engine's HTTP API as async methods; close it with ``aclose()`` or ``async with``.
 
     ``timeout`` (seconds) applies to every call unless the call passes its own ``timeout=`` (``None``
-    there means no limit): a long generation legitimately outlives a health probe's patience. As with
-    SGLang's own clients it bounds connecting (waiting for a pooled connection included) and each wait
-    for bytes, not the whole exchange. ``token`` is sent as ``Authorization: Bearer`` (SGLang's
-    ``--api-key``). Proxy environment variables are ignored: engines are cluster-internal, and an
-    ``HTTP_PROXY`` meant for the internet must not swallow traffic to 10.x addresses.
+    there means no limit): a long generation legitimately outlives a health probe's patience. It bounds
+    connecting (waiting for a pooled connection included) and each wait for bytes, not the whole exchange.
+    ``token`` is sent as ``Authorization: Bearer`` (SGLang's ``--api-key``). Proxy environment variables
+    are ignored: engines are cluster-internal, and an ``HTTP_PROXY`` meant for the internet must not
+    swallow traffic to 10.x addresses.
 
     The transport is aiohttp, not httpx: the rollout manager keeps one generation in flight per sample,
     and httpx's connection pool scans (and polls the socket of) every pooled connection on each request,
