@@ -48,6 +48,7 @@ import yaml
 
 from relax.cluster import ray_auth
 from relax.cluster.network import LOCALHOST as LOOPBACK
+from relax.cluster.network import free_ports
 
 logger = logging.getLogger(__name__)
 
@@ -456,12 +457,6 @@ def port_in_use(port: int, host: str = "") -> bool:
     return False
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
-        return int(sock.getsockname()[1])
-
-
 def cluster_processes(info: ClusterInfo) -> list[Any]:
     """Live processes that belong to this cluster: the head's process group (``ray start`` and everything it
     spawned, fake nodes included) plus anything whose command line names the cluster's private temp dir (a
@@ -711,12 +706,16 @@ class ElasticCluster:
         t0 = time.monotonic()
         deadline = t0 + timeout
 
-        port = cfg.port or _free_port()
-        if cfg.port and port_in_use(port):
-            raise ElasticClusterError(f"GCS port {port} is in use; pick another one (--port; 0 picks a free port)")
+        # Every port Ray is given is drawn at once, distinct from each other and from the configured ones: Ray
+        # refuses to start when two of its components share a port (seen when two draws returned the same one).
         # Off, Ray still starts its dashboard process, on 8265 and with no retries: it gets a free port too, so
         # a cluster without a dashboard never depends on another Ray's (or a second test run's) port.
-        dashboard_port = (cfg.dashboard_port if cfg.include_dashboard else 0) or _free_port()
+        configured_dashboard = cfg.dashboard_port if cfg.include_dashboard else 0
+        drawn = free_ports(4, avoid=(cfg.port, configured_dashboard))
+        port = cfg.port or drawn[0]
+        if cfg.port and port_in_use(port):
+            raise ElasticClusterError(f"GCS port {port} is in use; pick another one (--port; 0 picks a free port)")
+        dashboard_port = configured_dashboard or drawn[1]
         if cfg.include_dashboard and port_in_use(dashboard_port):
             raise ElasticClusterError(f"dashboard port {dashboard_port} is in use (another Ray dashboard?); "
                                       f"pick another one (--dashboard-port; 0 picks a free port)")
@@ -758,8 +757,8 @@ class ElasticCluster:
             f"--autoscaling-config={config_path}",
             f"--temp-dir={temp_dir}",
             # Fixed default ports collide with other Ray instances on the machine: take free ones.
-            f"--ray-client-server-port={_free_port()}",
-            f"--dashboard-agent-listen-port={_free_port()}",
+            f"--ray-client-server-port={drawn[2]}",
+            f"--dashboard-agent-listen-port={drawn[3]}",
             "--disable-usage-stats",
         ]
         if cfg.include_dashboard:

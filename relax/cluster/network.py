@@ -5,7 +5,9 @@ Kept free of Ray at import time so unit tests and the launcher can use them anyw
 
 from __future__ import annotations
 
+import contextlib
 import socket
+from collections.abc import Iterable
 
 LOCALHOST = "127.0.0.1"
 
@@ -21,6 +23,26 @@ def free_port(host: str = LOCALHOST) -> int:
     with socket.socket(family, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def free_ports(count: int, host: str = "", avoid: Iterable[int] = ()) -> list[int]:
+    """``count`` distinct TCP ports free on ``host`` right now, none of them in ``avoid``.
+
+    Calls of :func:`free_port` one after another may return the same port (it is released in between), and Ray
+    refuses to start when two of its components are given one port. These sockets stay bound until all are
+    drawn, so the ports differ from each other; ports already promised elsewhere go in ``avoid``.
+    """
+    taken, ports = set(avoid), []
+    with contextlib.ExitStack() as stack:
+        while len(ports) < count:
+            sock = stack.enter_context(socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET,
+                                                     socket.SOCK_STREAM))
+            sock.bind((host, 0))
+            port = int(sock.getsockname()[1])
+            if port not in taken:
+                taken.add(port)
+                ports.append(port)
+    return ports
 
 
 def node_ip() -> str:

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 import relax
-from relax.cluster.network import LOCALHOST, free_port, node_ip
+from relax.cluster.network import LOCALHOST, free_port, free_ports, node_ip
 from relax.engines.actor import build_launch_spec, resolve_host
 from relax.engines.launcher import (
     BuiltinOptions,
@@ -419,6 +419,14 @@ def test_free_port_is_bindable() -> None:
     port = free_port()
     with socket.socket() as sock:
         sock.bind((LOCALHOST, port))
+
+
+def test_free_ports_are_distinct_and_skip_the_ones_promised_elsewhere() -> None:
+    first = free_ports(64)
+    assert len(set(first)) == 64  # Ray refuses a start where two components share a port
+    second = free_ports(64, avoid=first)  # released, the kernel may hand the first ones out again
+    assert len(set(second)) == 64 and not set(second) & set(first)
+    assert free_ports(0) == []
 
 
 def test_node_ip_and_resolve_host() -> None:
