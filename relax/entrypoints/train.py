@@ -66,7 +66,7 @@ def preflight(args: TrainArgs) -> None:
 
 
 class _StopRequested(Exception):
-    """SIGTERM/SIGINT arrived while the trainer waited for data."""
+    """SIGTERM/SIGINT arrived while the driver waited (for data, for the initial engines)."""
 
 
 @dataclass
@@ -201,12 +201,14 @@ class Driver:
         self.manager = manager_cls.options(
             name=None, max_concurrency=10000, num_cpus=0, resources=self.plan.control_plane_options() or None
         ).remote(self._manager_config())
+        # The engines load their model while the trainer ranks initialise: the two are independent, and each
+        # takes seconds to tens of seconds (the first step waits for both).
+        engines_ref = self.manager.start_initial_engines.remote([(g, 0) for g in self.groups[1:]])
         self.trainer = TrainerGroup(
             TrainerConfig.from_args(self.args, hf_checkpoint=str(Path(self.args.hf_checkpoint).resolve())),
-            self.groups[0],
+            self.groups[0], while_starting=self._raise_if_stopped,
         )
-        engine_bundles = [(g, 0) for g in self.groups[1:]]
-        engines = ray.get(self.manager.start_initial_engines.remote(engine_bundles))
+        engines = self._result(engines_ref)
         log.info("%d initial engine(s) ACTIVE: %s", len(engines), ", ".join(e["engine_id"] for e in engines))
         self.control_plane, url = spawn_control_plane(
             self.manager, self.args.api_host, self.args.api_port, os.environ.get("RELAX_API_TOKEN") or None,
@@ -279,7 +281,11 @@ class Driver:
         )
         versions_log = (self.run_dir / "sample_versions.jsonl").open("a", encoding="utf-8")
         try:
-            self._start()
+            try:
+                self._start()
+            except _StopRequested:
+                log.warning("%s during start-up: stopping before the first step", self.stop.signal_name)
+                return 0
             start_step, cursor = self._maybe_resume()
             if start_step > 0:
                 metrics.resume(start_step)  # one row per step across the segments; the summary covers them all
@@ -397,15 +403,22 @@ class Driver:
                 }) + "\n")
 
     def _get_partition(self, step: int) -> dict[str, Any]:
+        return self._result(self.manager.get_partition.remote(step, PARTITION_TIMEOUT_S))
+
+    def _result(self, ref: Any) -> Any:
+        """``ray.get(ref)``, polled, so that a SIGTERM is honoured while the driver waits (for data, for the
+        engines to start): :class:`_StopRequested` instead of finishing what nobody wants any more."""
         import ray
 
-        ref = self.manager.get_partition.remote(step, PARTITION_TIMEOUT_S)
-        while True:  # poll so a SIGTERM is honoured while the trainer waits for data
-            ready, _ = ray.wait([ref], timeout=1.0)
+        while True:
+            ready, _ = ray.wait([ref], timeout=0.5)
             if ready:
                 return ray.get(ref)
-            if self.stop.requested:
-                raise _StopRequested
+            self._raise_if_stopped()
+
+    def _raise_if_stopped(self) -> None:
+        if self.stop.requested:
+            raise _StopRequested
 
     def _evaluate(self, metrics: Any, step: int) -> None:
         import ray

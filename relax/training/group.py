@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -105,7 +105,10 @@ class TrainerGroup:
         bundle_indices: Sequence[int] | None = None,
         init_timeout_s: float = 600.0,
         call_timeout_s: float | None = 1800.0,
+        while_starting: Callable[[], None] | None = None,
     ) -> None:
+        """``while_starting`` is called about twice a second while the ranks initialise; an exception it raises
+        (the driver's stop on SIGTERM) abandons the start: the ranks are shut down and it propagates."""
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -130,11 +133,14 @@ class TrainerGroup:
                         placement_group=placement_group, placement_group_bundle_index=idx),
                     runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}},
                 ).remote())
-            addr = self._gather([self._actors[0].node_ip.remote()], "node_ip", init_timeout_s)[0]
-            port = self._gather([self._actors[0].free_port.remote()], "free_port", init_timeout_s)[0]
+            def gather(refs: list[Any], method: str) -> list[Any]:
+                return self._gather(refs, method, init_timeout_s, while_waiting=while_starting)
+
+            addr = gather([self._actors[0].node_ip.remote()], "node_ip")[0]
+            port = gather([self._actors[0].free_port.remote()], "free_port")[0]
             n = len(self._actors)
-            self.ranks_info = self._gather(
-                [a.init.remote(r, n, addr, port, config) for r, a in enumerate(self._actors)], "init", init_timeout_s)
+            self.ranks_info = gather([a.init.remote(r, n, addr, port, config) for r, a in enumerate(self._actors)],
+                                     "init")
         except BaseException:
             self.shutdown()
             raise
@@ -151,8 +157,11 @@ class TrainerGroup:
     def actors(self) -> list[Any]:
         return list(self._actors)
 
-    def _gather(self, refs: Sequence[Any], method: str, timeout_s: float | None) -> list[Any]:
-        """Results in rank order; the first failing rank raises at once (no waiting on the others)."""
+    def _gather(self, refs: Sequence[Any], method: str, timeout_s: float | None,
+                while_waiting: Callable[[], None] | None = None) -> list[Any]:
+        """Results in rank order; the first failing rank raises at once (no waiting on the others).
+
+        ``while_waiting`` is called between polls of half a second; whatever it raises ends the wait."""
         import ray
 
         pending = {ref: rank for rank, ref in enumerate(refs)}
@@ -160,7 +169,11 @@ class TrainerGroup:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while pending:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            ready, _ = ray.wait(list(pending), num_returns=1, timeout=remaining)
+            poll = remaining if while_waiting is None else min(0.5, 0.5 if remaining is None else remaining)
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=poll)
+            if not ready and while_waiting is not None and (deadline is None or time.monotonic() < deadline):
+                while_waiting()
+                continue
             if not ready:
                 ranks = sorted(pending.values())
                 raise TrainerTimeoutError(f"trainer ranks {ranks} did not finish {method} within {timeout_s}s")
