@@ -53,7 +53,8 @@ from relax.rollout.api import status_of  # noqa: E402
 from relax.rollout.generator import SamplingSettings  # noqa: E402
 from relax.rollout.manager import ManagerConfig, RolloutManager  # noqa: E402
 from relax.rollout.scaling import ScaleInSpec, ScaleOutSpec  # noqa: E402
-from relax.training.weights import WeightManifest, make_buckets  # noqa: E402
+from relax.training.publication import WeightManifest
+from relax.training.weights import make_buckets  # noqa: E402
 
 PHASES = ("placement_wait_s", "start_s", "health_s", "weight_sync_s", "total_s")
 ENDED = ("ACTIVE", "PARTIAL", "FAILED", "CANCELLED", "COMPLETED")

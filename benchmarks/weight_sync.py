@@ -144,7 +144,8 @@ def publish(manager: Any, trainer: Any, version: int, path: str) -> tuple[float,
     """One publication the way the driver makes it; returns (gather seconds, bytes)."""
     import ray
 
-    from relax.training.weights import WeightManifest, make_buckets
+    from relax.training.publication import WeightManifest
+    from relax.training.weights import make_buckets
 
     t0 = time.monotonic()
     if path == "broadcast":

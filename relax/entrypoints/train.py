@@ -242,7 +242,8 @@ class Driver:
     def _publish(self, version: int) -> float:
         import ray
 
-        from relax.training.weights import WeightManifest, make_buckets
+        from relax.training.publication import WeightManifest
+        from relax.training.weights import make_buckets
 
         began = time.monotonic()
         dtype = self._publish_dtype()

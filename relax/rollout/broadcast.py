@@ -26,11 +26,13 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from relax.training.flat_bucket import BucketSpec, specs_from_manifest
-from relax.training.sender import WEIGHTS_CONCURRENCY_GROUP, WeightSender
-from relax.training.weights import WeightManifest
+from relax.training.publication import WEIGHTS_CONCURRENCY_GROUP, WeightManifest
+
+if TYPE_CHECKING:  # the sender holds tensors (torch); the manager, which imports this module, never needs it
+    from relax.training.sender import WeightSender
 
 log = logging.getLogger("relax.rollout")
 

@@ -37,7 +37,7 @@ from relax.rollout.joins import JoinLog
 from relax.rollout.launcher import EngineLauncher, EngineSlot
 from relax.rollout.pool import EngineKind, EnginePool, EngineState
 from relax.rollout.router import Router
-from relax.training.weights import WeightRegistry
+from relax.training.publication import WeightRegistry
 
 log = logging.getLogger("relax.rollout")
 

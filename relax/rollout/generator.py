@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from relax.data.sample import FinishReason, PromptGroup, Sample
-from relax.training.grpo import assign_group_advantages
+from relax.training.advantages import assign_group_advantages
 
 
 @dataclass(frozen=True)

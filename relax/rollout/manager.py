@@ -52,7 +52,7 @@ from relax.rollout.router import (
 )
 from relax.rollout.scaling import ScaleInSpec, ScaleOutSpec
 from relax.training.evaluation import evaluate_datasets
-from relax.training.weights import WeightManifest, WeightRegistry
+from relax.training.publication import WeightManifest, WeightRegistry
 
 log = logging.getLogger("relax.rollout")
 

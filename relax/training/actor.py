@@ -65,8 +65,8 @@ from relax.training.precision import (
     precision_fallback_warning,
     resolve_precision,
 )
+from relax.training.publication import WeightManifest
 from relax.training.sender import BROADCAST_BUCKET_BYTES, WeightSender
-from relax.training.weights import WeightManifest
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed.fsdp import MixedPrecisionPolicy

@@ -10,27 +10,34 @@ trip each) negligible; per-tensor broadcasts of a 300-tensor model pay it 300 ti
 The receiver views each slice as its dtype, which needs every offset to be a multiple of that dtype's size
 (SGLang's rule). ``BucketSpec.of`` orders a bucket's tensors by decreasing element size, which makes that
 true for any mix of dtypes (sizes are powers of two, and each tensor's byte count is a multiple of its own
-element size, so of every smaller one after it). Pure torch: no Ray, no process group.
+element size, so of every smaller one after it). Pure torch: no Ray, no process group. The rollout manager
+only cuts manifests into specs (``specs_from_manifest``, ``to_body``) and never imports torch, so torch is
+imported where a function works on tensors or element sizes, not with the module.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["BucketSpec", "dtype_from_name", "flatten", "specs_from_manifest", "unflatten"]
 
-_DTYPES: dict[str, torch.dtype] = {
-    name: dtype for name, dtype in vars(torch).items() if isinstance(dtype, torch.dtype)
-}
+@functools.cache
+def _dtypes() -> dict[str, torch.dtype]:
+    import torch
+
+    return {name: dtype for name, dtype in vars(torch).items() if isinstance(dtype, torch.dtype)}
 
 
 def dtype_from_name(name: str) -> torch.dtype:
     """``"bfloat16"`` / ``"torch.bfloat16"`` → ``torch.bfloat16``; a clear error for anything else."""
     key = name.removeprefix("torch.")
-    dtype = _DTYPES.get(key)
+    dtype = _dtypes().get(key)
     if dtype is None:
         raise ValueError(f"unknown dtype {name!r} (expected a torch dtype name such as 'bfloat16' or 'float32')")
     return dtype
@@ -40,7 +47,7 @@ def _nbytes(shape: Sequence[int], dtype: torch.dtype) -> int:
     n = 1
     for d in shape:
         n *= int(d)
-    return n * torch.empty((), dtype=dtype).element_size()
+    return n * dtype.itemsize
 
 
 @dataclass(frozen=True)
@@ -74,7 +81,7 @@ class BucketSpec:
         out, at = [], 0
         for name, shape, dtype_name in zip(self.names, self.shapes, self.dtypes, strict=True):
             dtype = dtype_from_name(dtype_name)
-            size = torch.empty((), dtype=dtype).element_size()
+            size = dtype.itemsize
             if at % size:
                 raise ValueError(f"tensor {name!r} ({dtype_name}) starts at byte {at}, not a multiple of {size}: "
                                  "order the bucket's tensors by decreasing element size")
@@ -94,6 +101,8 @@ def flatten(bucket: Mapping[str, torch.Tensor], spec: BucketSpec | None = None,
 
     ``out``, when given, is a uint8 buffer of exactly the bucket's size to copy into (reused memory).
     """
+    import torch
+
     spec = spec or BucketSpec.of(bucket)
     first = bucket[spec.names[0]] if spec.names else None
     target = torch.device(device) if device is not None else (first.device if first is not None else None)
@@ -109,6 +118,8 @@ def flatten(bucket: Mapping[str, torch.Tensor], spec: BucketSpec | None = None,
 
 def unflatten(buffer: torch.Tensor, spec: BucketSpec) -> dict[str, torch.Tensor]:
     """The named tensors of a received buffer: views into it, no copy."""
+    import torch
+
     if buffer.dtype != torch.uint8 or buffer.dim() != 1:
         raise ValueError(f"a flattened bucket is a 1-D uint8 tensor, got {buffer.dtype} of shape {tuple(buffer.shape)}")
     if buffer.numel() != spec.nbytes:

@@ -1,4 +1,5 @@
-"""GRPO math as pure torch functions: advantages, log-probs, the clipped policy loss with TIS.
+"""GRPO math as pure torch functions: log-probs, the clipped policy loss with TIS (the advantages, computed
+where the groups are scored, are plain Python: ``relax.training.advantages``).
 
 Conventions: per-token tensors are ``[batch, response_len]`` and padded; ``loss_mask`` is 1 on tokens
 that are trained on and 0 on padding (and on tokens the policy did not produce). Everything here is
@@ -20,21 +21,16 @@ secretly brings you off-policy RL training" (Yao et al., 2025).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
 import torch
 
-from relax.data.sample import PromptGroup
-
 __all__ = [
     "LossAggregation",
     "PolicyLossConfig",
     "aggregate",
-    "assign_group_advantages",
     "entropy_from_logits",
-    "group_advantages",
     "low_var_kl",
     "masked_mean",
     "policy_loss",
@@ -43,47 +39,6 @@ __all__ = [
 
 #: Log-ratios are clamped before ``exp`` so one wild token cannot produce inf/nan.
 _LOG_RATIO_LIMIT = 20.0
-
-
-# --------------------------------------------------------------------------------------------------
-# Advantages
-
-
-def group_advantages(rewards: torch.Tensor, *, scale_by_std: bool = True, eps: float = 1e-6) -> torch.Tensor:
-    """GRPO advantages for rewards shaped ``[num_groups, n]`` (or ``[n]`` for one group).
-
-    ``(r - mean(group)) / (std(group) + eps)``, with the unbiased std as in DeepSeekMath and common
-    implementations; ``scale_by_std=False`` keeps only the mean baseline (Dr. GRPO). A group whose
-    rewards are all equal carries no learning signal and gets exactly zero advantages (not
-    ``tiny / eps``); so does a single-sample group.
-    """
-    r = rewards.to(torch.float32)
-    squeeze = r.dim() == 1
-    if squeeze:
-        r = r.unsqueeze(0)
-    if r.dim() != 2:
-        raise ValueError(f"rewards must be [n] or [num_groups, n], got shape {tuple(rewards.shape)}")
-    n = r.shape[-1]
-    if n < 2:
-        adv = torch.zeros_like(r)
-    else:
-        adv = r - r.mean(dim=-1, keepdim=True)
-        if scale_by_std:
-            adv = adv / (r.std(dim=-1, keepdim=True, unbiased=True) + eps)
-        flat = (r.amax(dim=-1, keepdim=True) == r.amin(dim=-1, keepdim=True)).expand_as(adv)
-        adv = torch.where(flat, torch.zeros_like(adv), adv)
-    return adv.squeeze(0) if squeeze else adv
-
-
-def assign_group_advantages(
-    groups: Sequence[PromptGroup], *, scale_by_std: bool = True, eps: float = 1e-6
-) -> list[PromptGroup]:
-    """Scored groups -> the same groups with each sample's advantage set (groups may differ in size)."""
-    out = []
-    for g in groups:
-        adv = group_advantages(torch.tensor(g.rewards), scale_by_std=scale_by_std, eps=eps)
-        out.append(g.with_advantages(adv.tolist()))
-    return out
 
 
 # --------------------------------------------------------------------------------------------------

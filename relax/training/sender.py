@@ -25,10 +25,11 @@ from typing import Any
 import torch
 
 from relax.training.flat_bucket import BucketSpec, flatten
+from relax.training.publication import WeightManifest
 from relax.training.weight_group import WeightGroup, host_store, join_group
-from relax.training.weights import WeightManifest, make_buckets
+from relax.training.weights import make_buckets
 
-__all__ = ["BROADCAST_BUCKET_BYTES", "WEIGHTS_CONCURRENCY_GROUP", "HeldVersion", "WeightSender"]
+__all__ = ["BROADCAST_BUCKET_BYTES", "HeldVersion", "WeightSender"]
 
 log = logging.getLogger(__name__)
 
@@ -36,10 +37,6 @@ log = logging.getLogger(__name__)
 #: (an HTTP call, an actor call, a collective), so fewer and larger ones are faster; the engine keeps one
 #: receive buffer of this size. 512 MiB is slime's default for the same setting.
 BROADCAST_BUCKET_BYTES = 512 * 2**20
-
-#: The trainer actor's Ray concurrency group of the ``weights_*`` methods (calls name it per call).
-WEIGHTS_CONCURRENCY_GROUP = "weights"
-
 
 @dataclass(frozen=True)
 class HeldVersion:

@@ -24,7 +24,7 @@ from relax.rollout.launcher import EngineSlot
 from relax.rollout.pool import EngineKind, EnginePool, EngineState
 from relax.rollout.router import Router
 from relax.rollout.scaling import ScaleInSpec, ScaleOutSpec
-from relax.training.weights import WeightRegistry
+from relax.training.publication import WeightRegistry
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -21,7 +21,8 @@ from relax.rollout.generator import SamplingSettings
 from relax.rollout.manager import ManagerConfig, RolloutManager
 from relax.training.actor import TrainerConfig
 from relax.training.group import TrainerGroup
-from relax.training.weights import WeightManifest, make_buckets
+from relax.training.publication import WeightManifest
+from relax.training.weights import make_buckets
 
 
 def publish(manager, trainer, version: int, path: str) -> None:

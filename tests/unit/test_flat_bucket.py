@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from relax.training.flat_bucket import BucketSpec, dtype_from_name, flatten, specs_from_manifest, unflatten
-from relax.training.weights import WeightManifest, make_buckets
+from relax.training.publication import WeightManifest
+from relax.training.weights import make_buckets
 
 
 def mixed_bucket() -> dict[str, torch.Tensor]:

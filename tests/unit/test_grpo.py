@@ -7,14 +7,11 @@ import math
 import pytest
 import torch
 
-from relax.data.sample import PromptGroup, Sample
 from relax.training.grpo import (
     LossAggregation,
     PolicyLossConfig,
     aggregate,
-    assign_group_advantages,
     entropy_from_logits,
-    group_advantages,
     low_var_kl,
     policy_loss,
     token_log_probs,
@@ -22,44 +19,6 @@ from relax.training.grpo import (
 
 torch.set_num_threads(1)
 T = torch.tensor
-
-
-# ---- advantages ------------------------------------------------------------------------------------
-
-
-def test_group_advantages_mean_and_std() -> None:
-    adv = group_advantages(T([1.0, 0.0, 0.0, 1.0]))
-    # mean 0.5, unbiased std sqrt(1/3)
-    assert torch.allclose(adv, T([1.0, -1.0, -1.0, 1.0]) * 0.5 / (math.sqrt(1 / 3) + 1e-6))
-    assert torch.allclose(group_advantages(T([1.0, 0.0, 0.0, 1.0]), scale_by_std=False), T([0.5, -0.5, -0.5, 0.5]))
-
-
-def test_zero_std_group_gives_exactly_zero() -> None:
-    rewards = T([[0.1, 0.1, 0.1], [-1.0, -1.0, -1.0], [1.0, 0.0, -1.0]])
-    adv = group_advantages(rewards)
-    assert torch.equal(adv[:2], torch.zeros(2, 3))
-    assert torch.allclose(adv[2], T([1.0, 0.0, -1.0]) / (1.0 + 1e-6))
-    assert torch.equal(group_advantages(T([5.0])), T([0.0]))  # single sample: no baseline
-    with pytest.raises(ValueError):
-        group_advantages(torch.zeros(2, 2, 2))
-
-
-def _group(rewards: list[float], gid: str = "g") -> PromptGroup:
-    return PromptGroup.from_samples(
-        [
-            Sample(0, gid, i, [1], [2], "x", "1", weight_version=0, rollout_step=0, reward=r)
-            for i, r in enumerate(rewards)
-        ]
-    )
-
-
-def test_assign_group_advantages_groups_of_different_sizes() -> None:
-    out = assign_group_advantages([_group([1.0, -1.0]), _group([0.0, 0.0, 0.0], "h")], scale_by_std=False)
-    assert [s.advantage for s in out[0]] == [1.0, -1.0]
-    assert [s.advantage for s in out[1]] == [0.0, 0.0, 0.0]
-    unscored = PromptGroup.from_samples([Sample(0, "u", 0, [1], [2], "x", "1", weight_version=0, rollout_step=0)])
-    with pytest.raises(ValueError, match="no reward"):
-        assign_group_advantages([unscored])
 
 
 # ---- log-probs -------------------------------------------------------------------------------------

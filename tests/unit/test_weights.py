@@ -9,9 +9,8 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from relax.cluster import scratch
+from relax.training.publication import WeightManifest, WeightRegistry
 from relax.training.weights import (
-    WeightManifest,
-    WeightRegistry,
     cleanup_old,
     default_weights_root,
     make_buckets,
