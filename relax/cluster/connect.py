@@ -13,7 +13,13 @@ import os
 import ray
 
 from relax.cluster import ray_auth, scratch
-from relax.cluster.embedded import clean_stale_sessions, current_session_dir, mark_session
+from relax.cluster.embedded import (
+    clean_stale_sessions,
+    current_session_dir,
+    mark_session,
+    ray_temp_root,
+    stop_session,
+)
 from relax.config.plan import Plan
 
 log = logging.getLogger("relax.cluster")
@@ -59,6 +65,24 @@ def connect(plan: Plan, *, runtime_env: dict | None = None) -> str:
     return "embedded"
 
 
+START_ATTEMPTS = 2
+"""Ray gives a starting node a fixed 30 s to register with its GCS (``ray._private.node``), not configurable;
+on a machine short of CPU (seen: two test runs and a three-node local cluster on two cores) that can pass,
+and a run then fails before it began. One more try, after stopping what the first one started."""
+
+
+def start_timed_out(exc: BaseException) -> bool:
+    """Whether ``ray.init`` failed because the new node did not register in time (Ray raises a bare Exception)."""
+    return "timed out during startup" in str(exc)
+
+
+def _stop_failed_start() -> None:
+    """What a failed ``ray.init`` left: its session's processes (the GCS, maybe a raylet), by session directory."""
+    ray.shutdown()
+    for session in ray_temp_root().glob(f"session_*_{os.getpid()}"):
+        stop_session(session, grace_s=0.0, why="its start timed out")
+
+
 def start_local(num_gpus: int, num_cpus: int, *, resources: dict[str, float] | None = None,
                 runtime_env: dict | None = None, log_to_driver: bool = True) -> None:
     """Start an embedded local Ray cluster with the settings these machines need (MACHINE-NOTES).
@@ -73,15 +97,24 @@ def start_local(num_gpus: int, num_cpus: int, *, resources: dict[str, float] | N
         ray_auth.apply_in_process(ray_auth.locked_env(os.environ, loopback=True,
                                                       token=ray_auth.cluster_token(os.environ)))
     clean_stale_sessions()  # what a driver killed by pid left behind (relax.cluster.embedded)
-    ray.init(
-        address="local",
-        num_cpus=num_cpus,
-        num_gpus=num_gpus,
-        resources=resources or None,
-        include_dashboard=False,
-        runtime_env=runtime_env,
-        log_to_driver=log_to_driver,
-    )
+    for attempt in range(1, START_ATTEMPTS + 1):
+        try:
+            ray.init(
+                address="local",
+                num_cpus=num_cpus,
+                num_gpus=num_gpus,
+                resources=resources or None,
+                include_dashboard=False,
+                runtime_env=runtime_env,
+                log_to_driver=log_to_driver,
+            )
+            break
+        except Exception as exc:
+            if attempt == START_ATTEMPTS or not start_timed_out(exc):
+                raise
+            log.warning("the embedded Ray cluster did not come up (%s: Ray waits 30 s for its raylet, which a "
+                        "machine short of CPU can exceed); stopping what it started and trying once more", exc)
+            _stop_failed_start()
     session = current_session_dir()
     if session is not None:
         mark_session(session)

@@ -1,0 +1,63 @@
+"""An embedded cluster whose node misses Ray's fixed 30 s registration window gets one more try.
+
+Seen in the suite: two runs and a three-node local cluster on two cores, and one driver's ``ray.init`` raised
+"The current node timed out during startup". Making a real raylet that late on purpose is not possible here,
+so ``ray.init`` is replaced by one that fails the way Ray does; what is checked is what ``start_local`` does
+about it: stop what the failed start left, try once more, and give up on anything else at once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import ray
+
+from relax.cluster import connect
+
+TIMED_OUT = Exception("The current node timed out during startup. This could happen because some of the raylet "
+                      "failed to startup or the GCS has become overloaded.")
+
+
+@pytest.fixture
+def calls(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    record: dict[str, Any] = {"init": 0, "stopped": 0, "outcomes": []}
+
+    def fake_init(**_: Any) -> None:
+        record["init"] += 1
+        outcome = record["outcomes"].pop(0)
+        if outcome is not None:
+            raise outcome
+
+    def fake_stop() -> None:
+        record["stopped"] += 1
+
+    monkeypatch.setattr(ray, "init", fake_init)
+    monkeypatch.setattr(connect, "_stop_failed_start", fake_stop)
+    monkeypatch.setattr(connect, "clean_stale_sessions", lambda: [])
+    monkeypatch.setattr(connect, "current_session_dir", lambda: None)
+    monkeypatch.setattr(ray.util, "get_node_ip_address", lambda: "127.0.0.1")
+    # this process's Ray settings stay as the suite set them: no loopback switch, no token applied
+    monkeypatch.setattr(connect.ray_auth, "keep_on_loopback_in_process", lambda: None)
+    monkeypatch.setattr(connect.ray_auth, "warn_if_disabled", lambda *_: True)
+    return record
+
+
+def test_a_start_that_timed_out_is_stopped_and_tried_once_more(calls: dict[str, Any]) -> None:
+    calls["outcomes"] = [TIMED_OUT, None]
+    connect.start_local(num_gpus=1, num_cpus=1)
+    assert (calls["init"], calls["stopped"]) == (2, 1)
+
+
+def test_a_second_timeout_is_raised(calls: dict[str, Any]) -> None:
+    calls["outcomes"] = [TIMED_OUT, TIMED_OUT]
+    with pytest.raises(Exception, match="timed out during startup"):
+        connect.start_local(num_gpus=1, num_cpus=1)
+    assert (calls["init"], calls["stopped"]) == (2, 1)
+
+
+def test_any_other_failure_is_raised_at_once(calls: dict[str, Any]) -> None:
+    calls["outcomes"] = [ValueError("bad resources")]
+    with pytest.raises(ValueError, match="bad resources"):
+        connect.start_local(num_gpus=1, num_cpus=1)
+    assert (calls["init"], calls["stopped"]) == (1, 0)
