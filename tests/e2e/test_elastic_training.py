@@ -8,7 +8,9 @@ import json
 import os
 import signal
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
@@ -40,6 +42,19 @@ def _running(pid: int) -> bool:
         return False
 
 
+def while_running(driver: subprocess.Popen, log_path: Path) -> Callable[..., Any]:
+    """``wait_until`` that fails at once, with the driver's log, once the driver has exited: a run that died in
+    start-up must not be waited on for minutes."""
+    def wait(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+        def checked() -> Any:
+            if driver.poll() is not None:
+                raise AssertionError(f"the driver exited (code {driver.returncode}) while waiting for {what}:\n"
+                                     f"{log_path.read_text(errors='replace')[-3000:]}")
+            return predicate()
+        return wait_until(checked, timeout, what)
+    return wait
+
+
 def test_rest_scaling_while_training(tiny_preset, tmp_path: Path) -> None:
     port = free_port()
     api = RunApi(f"http://127.0.0.1:{port}")
@@ -49,16 +64,17 @@ def test_rest_scaling_while_training(tiny_preset, tmp_path: Path) -> None:
     log_path = tmp_path / "driver.log"
     with log_path.open("w") as log:
         driver = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    wait = while_running(driver, log_path)
     try:
-        wait_until(lambda: api.training_step() >= 3, 240, "training to start")
+        wait(lambda: api.training_step() >= 3, 240, "training to start")
 
         before = api.training_step()
         request = post(api, "/rollout/scale_out", {"num_replicas": 4})
-        record = wait_until(lambda: request_done(api, "scale_out", request["request_id"]), 180, "scale-out")
+        record = wait(lambda: request_done(api, "scale_out", request["request_id"]), 180, "scale-out")
         assert record["status"] == "ACTIVE", record
         assert len(api.active()) == 4
         # training goes on across the scale-out (on a slow machine the step may land just after it)
-        grown = wait_until(lambda: (step := api.training_step()) > before and step, 120, "training to advance")
+        grown = wait(lambda: (step := api.training_step()) > before and step, 120, "training to advance")
 
         events = httpx.get(f"{api.url}/rollout/events", params={"limit": 200}, timeout=5, trust_env=False).json()
         joined = [e for e in events["events"] if e["kind"] == "engine_state" and e["message"].startswith("ACTIVE")
@@ -67,13 +83,13 @@ def test_rest_scaling_while_training(tiny_preset, tmp_path: Path) -> None:
         for event in joined:  # an engine joins the router only once it holds the newest published version
             assert event["details"]["weight_version"] == event["details"]["latest_published"]
 
-        wait_until(lambda: api.training_step() >= grown + 3, 120, "training on four engines")
+        wait(lambda: api.training_step() >= grown + 3, 120, "training on four engines")
         request = post(api, "/rollout/scale_in", {"num_replicas": 2})
-        record = wait_until(lambda: request_done(api, "scale_in", request["request_id"]), 180, "scale-in")
+        record = wait(lambda: request_done(api, "scale_in", request["request_id"]), 180, "scale-in")
         assert record["status"] == "COMPLETED", record
         shrunk = api.training_step()
         assert [e["kind"] for e in api.engines()] == ["initial", "initial"]
-        wait_until(lambda: api.training_step() > shrunk, 120, "training to keep advancing after scale-in")
+        wait(lambda: api.training_step() > shrunk, 120, "training to keep advancing after scale-in")
         started = {p.pid for p in psutil.Process(driver.pid).children(recursive=True)}
         assert started, "the driver should have started Ray and engine processes"
     finally:
