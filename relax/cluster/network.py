@@ -19,10 +19,7 @@ def free_port(host: str = LOCALHOST) -> int:
     port is released before returning, so a small race with other processes remains; callers that start
     a server on it should treat "address already in use" as retryable.
     """
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    return free_ports(1, host)[0]
 
 
 def free_ports(count: int, host: str = "", avoid: Iterable[int] = ()) -> list[int]:
