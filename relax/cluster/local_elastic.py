@@ -56,6 +56,7 @@ logger = logging.getLogger(__name__)
 HEAD_NODE_TYPE = "ray.head.default"
 FAKE_HEAD_NODE_ID = "fffffffffffffffffffffffffffffffffffffffffffffffffff00000"
 ELASTIC_NODE_TYPE = "elastic"
+FAKE_NODE_PROVIDER = "relax.cluster.fake_nodes.SeparateFakeNodeProvider"  # loaded by the head's autoscaler
 MB = 1024 * 1024
 
 
@@ -157,7 +158,9 @@ class ElasticClusterConfig:
             "upscaling_speed": self.upscaling_speed,
             "idle_timeout_minutes": self.idle_timeout_minutes,
             "provider": {
-                "type": "fake_multinode",
+                # Ray's fake_multinode provider, each node with its own runtime-env folder (relax.cluster.fake_nodes)
+                "type": "external",
+                "module": FAKE_NODE_PROVIDER,
                 "use_node_id_as_ip": True,
                 "disable_node_updaters": True,
                 "disable_launch_config_check": True,

@@ -72,6 +72,8 @@ class WorkerNode:
             f"--resources={json.dumps(cfg.resources)}", f"--object-store-memory={cfg.object_store_mb * MB}",
             # fixed default ports collide with the head's and other nodes' on one machine
             f"--dashboard-agent-listen-port={free_port()}", f"--metrics-export-port={free_port()}",
+            # the head's log monitor already tails the logs folder this node shares (Ray: one per host)
+            "--include-log-monitor=false",
             "--disable-usage-stats",
         ]
         env = {**os.environ, "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": str(cfg.drain_timeout_s),

@@ -16,6 +16,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
@@ -31,9 +32,19 @@ DRIVER = r'''
 import json, sys, time
 import ray
 from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-ray.init(address=sys.argv[1], log_to_driver=False, logging_level="ERROR")
+# the job's package (runtime_env working_dir), as `ray job submit --working-dir` gives one
+ray.init(address=sys.argv[1], log_to_driver=False, logging_level="ERROR", runtime_env={"working_dir": sys.argv[2]})
 groups = {}
+probes = {}
+
+@ray.remote(num_cpus=0)
+class Probe:
+    """Imports a module from its job package (runtime_env working_dir) and reports where that file is."""
+    def where(self):
+        import os, probe_module
+        return probe_module.__file__, os.stat(probe_module.__file__).st_ino
 
 def reply(**kw):
     print(json.dumps(kw), flush=True)
@@ -56,6 +67,16 @@ for line in sys.stdin:
     elif op == "remove":
         remove_placement_group(groups.pop(cmd["name"]))
         reply(event="removed", t=time.time())
+    elif op == "probe":  # an actor of the job, in group cmd["name"] if given
+        options = {}
+        if cmd.get("name"):
+            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(groups[cmd["name"]])
+        probes[cmd["probe"]] = Probe.options(**options).remote()
+        file, ino = ray.get(probes[cmd["probe"]].where.remote(), timeout=60)
+        reply(event="probe", file=file, ino=ino)
+    elif op == "where":
+        file, ino = ray.get(probes[cmd["probe"]].where.remote(), timeout=30)
+        reply(event="where", file=file, ino=ino)
     elif op == "exit":
         reply(event="bye")
         break
@@ -75,6 +96,15 @@ def _poll(read: Callable[[], T], done: Callable[[T], bool], timeout: float) -> T
         time.sleep(0.1)
 
 
+def _cmdline(pid: int) -> str:
+    import psutil
+
+    try:
+        return " ".join(psutil.Process(pid).cmdline())
+    except psutil.Error:
+        return ""
+
+
 def _survivors(pids: list[int]) -> list[int]:
     """The pids still running (zombies awaiting their parent's reap count as gone)."""
     import psutil
@@ -92,9 +122,9 @@ def _survivors(pids: list[int]) -> list[int]:
 class Driver:
     """A Ray driver in a subprocess, connected to the elastic cluster."""
 
-    def __init__(self, address: str, env: dict[str, str]) -> None:
+    def __init__(self, address: str, env: dict[str, str], package: Path) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", DRIVER, address], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            [sys.executable, "-c", DRIVER, address, str(package)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL, text=True, env={**os.environ, **env, "OMP_NUM_THREADS": "1"},
         )
 
@@ -158,7 +188,11 @@ def test_elastic_cluster_grows_and_shrinks(record_property: Any, tmp_path: Any) 
         assert head is not None and status.elastic_nodes == []
         assert head.total["GPU"] == 2 and head.total["stable_gpu"] == 2 and head.total["stable_cpu"] == 3
 
-        driver = Driver(info.address, info.env())
+        # The job's package, in use on the head before any node joins (as the recipe's run is when it scales out).
+        package = tmp_path / "package"
+        package.mkdir()
+        (package / "probe_module.py").write_text("VALUE = 1\n")
+        driver = Driver(info.address, info.env(), package)
         try:
             hello = driver.read()
             assert hello["resources"]["stable_gpu"] == 2, hello
@@ -168,6 +202,8 @@ def test_elastic_cluster_grows_and_shrinks(record_property: Any, tmp_path: Any) 
             baseline = [{"GPU": 1, "CPU": 1, "stable_gpu": 1, "stable_cpu": 1}] * 2
             driver.call(op="create", name="baseline", bundles=baseline)
             assert driver.call(op="ready", name="baseline", timeout=30)["ok"]
+
+            on_head = driver.call(op="probe", probe="head")
 
             # One more GPU does not fit on the head: the group is pending and the autoscaler must add a node.
             created = driver.call(op="create", name="elastic", bundles=[{"GPU": 1, "CPU": 1}])
@@ -189,6 +225,14 @@ def test_elastic_cluster_grows_and_shrinks(record_property: Any, tmp_path: Any) 
             ready = driver.call(op="ready", name="elastic", timeout=60)
             assert ready["ok"], ready
             timings["pg_ready_s"] = time.monotonic() - t_created
+
+            # The joining node extracts the package into its own folder: the head's copy, which its workers
+            # import from, is left as it was (a shared folder was deleted and re-extracted under them).
+            on_node = driver.call(op="probe", probe="node", name="elastic")
+            assert Path(on_node["file"]).parts[-4] != Path(on_head["file"]).parts[-4], (on_node, on_head)
+            assert driver.call(op="where", probe="head") == {**on_head, "event": "where"}
+            # One log monitor on this host, the head's (Ray: one per physical host, or every line twice).
+            assert len([p for p in pids if "log_monitor" in _cmdline(p)]) == 1
 
             driver.call(op="remove", name="elastic")
             t_removed = time.monotonic()
@@ -220,7 +264,8 @@ def test_autoscaling_config_is_complete() -> None:
     """The v1 config carries everything the fake provider needs (the wheel has no example file to fall back on)."""
     cfg = ElasticClusterConfig(head_gpus=4, max_elastic=3, node_group="g1")
     conf = cfg.autoscaling_config("10.0.0.1:6380")
-    assert conf["provider"] == {"type": "fake_multinode", "use_node_id_as_ip": True, "disable_node_updaters": True,
+    assert conf["provider"] == {"type": "external", "module": "relax.cluster.fake_nodes.SeparateFakeNodeProvider",
+                                "use_node_id_as_ip": True, "disable_node_updaters": True,
                                 "disable_launch_config_check": True, "gcs_address": "10.0.0.1:6380"}
     head = conf["available_node_types"][conf["head_node_type"]]
     assert head["resources"] == {"CPU": 6, "GPU": 4, "g1_gpu": 4.0, "g1_cpu": 5.0} and head["max_workers"] == 0
