@@ -1,6 +1,7 @@
 """Fully-async GRPO through the real entrypoint on the tiny preset: it learns, staleness holds, resume works.
 
-Each run starts its own embedded Ray cluster, 2 trainer ranks (FSDP2 on gloo) and 2 built-in engines.
+Each run starts its own embedded Ray cluster; the learning run has 2 trainer ranks (FSDP2 on gloo) and 2 built-in
+engines, the resumed run and its neighbour 1 of each.
 """
 
 from __future__ import annotations
@@ -75,7 +76,8 @@ def expected_prompt_indices(preset, steps: int) -> list[list[int]]:
 def test_it_learns_with_bounded_staleness_then_resumes_on_policy_at_the_same_data_position(
         tiny_preset, tmp_path: Path) -> None:
     """30 steps with --max-staleness 2 that must learn, checkpointed at the end; then a resumed run of 2 more
-    steps, strictly on-policy, that continues at the data position where the first stopped (one run each)."""
+    steps, strictly on-policy, on one trainer rank instead of two, that continues at the data position where the
+    first stopped (one run each)."""
     expected = expected_prompt_indices(tiny_preset, 32)
     out, ckpt = tmp_path / "learn", tmp_path / "ckpt"
     result = train(tiny_preset, out, "--eval-prompt-data", "tiny", str(tiny_preset.eval_path), "--eval-interval",
@@ -103,7 +105,9 @@ def test_it_learns_with_bounded_staleness_then_resumes_on_policy_at_the_same_dat
     resumed, neighbour = tmp_path / "resumed", tmp_path / "neighbour"
     fresh_shell = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH_")}
     results = run_together(
-        [train_argv(tiny_preset, resumed, num_rollout=32, max_staleness=0, extra=("--load", str(ckpt / "step_000030"))),
+        # resumed on one trainer rank and one engine: a checkpoint of two ranks does not depend on the world size
+        [train_argv(tiny_preset, resumed, num_rollout=32, max_staleness=0, trainer_gpus=1, rollout_gpus=1,
+                    extra=("--load", str(ckpt / "step_000030"))),
          train_argv(tiny_preset, neighbour, num_rollout=2, max_staleness=1, trainer_gpus=1, rollout_gpus=1,
                     extra=("--api-port", "0"))],  # the smallest run that leases its own scratch space
         [resumed, neighbour], [None, fresh_shell])
