@@ -59,8 +59,9 @@ def test_rest_scaling_while_training(tiny_preset, tmp_path: Path) -> None:
     port = free_port()
     api = RunApi(f"http://127.0.0.1:{port}")
     out, ckpt = tmp_path / "run", tmp_path / "ckpt"
-    argv = train_argv(tiny_preset, out, num_rollout=400, max_staleness=1,
-                           extra=("--api-port", str(port), "--save", str(ckpt)))
+    # one trainer rank: the scaling is the rollout side's (two ranks are the learning and recipe runs' business)
+    argv = train_argv(tiny_preset, out, num_rollout=400, max_staleness=1, trainer_gpus=1,
+                      extra=("--api-port", str(port), "--save", str(ckpt)))
     log_path = tmp_path / "driver.log"
     with log_path.open("w") as log:
         driver = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
