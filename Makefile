@@ -17,9 +17,10 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 # CI runs this: the lint (ruff, layer contracts, no import cycles) first, then the whole suite on
-# TEST_WORKERS pytest-xdist workers, one test file at a time each (a file's tests share fixtures and
-# order). Files go out in collection order, the minutes-long e2e files first, not xdist's default of the
-# most tests first, which leaves the longest files for the end (measurements: docs/development.md).
+# TEST_WORKERS pytest-xdist workers. A work unit is one test file (a file's tests share fixtures and
+# order), except tests/e2e, which is one unit: its files run one after another on one worker while the
+# other takes the rest (tests/conftest.py: pytest_xdist_make_scheduler). Units go out in collection order, e2e
+# first, not xdist's default of the most tests first (measurements: docs/development.md).
 # -n 0 runs everything in one process.
 TEST_WORKERS ?= 2
 test: $(STAMP) lint
