@@ -87,15 +87,6 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return E2EAsOneUnit(config, log)
 
 
-E2E_LAST = "tests/e2e/test_elastic_recipe.py"
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The recipe's e2e file last in the e2e unit: its waits (engines starting under load, the autoscaler's
-    holds) stretch most when the other worker is busy, and by then the other worker has run out of files."""
-    items.sort(key=lambda item: item.nodeid.startswith(E2E_LAST))  # stable: every other order is kept
-
-
 def pytest_sessionstart(session: pytest.Session) -> None:
     import time
 
