@@ -13,7 +13,8 @@ Why not the stock provider: every fake node is a real raylet on this host, in th
   reached a driver once per node, and each monitor cost CPU (25 CPU-s over the recipe's e2e). Ray's own
   advice (``ray start --help``): one log monitor per physical host. The head's is that one.
 
-Everything else (node ids, tags, termination) is the stock provider's; the autoscaler loads this class
+Everything else (node ids, tags, termination) is the stock provider's; the node-creating method is restated with
+the two parameters added (Ray has no hook for them). The autoscaler loads this class
 through the ``external`` provider type (``provider.module`` in the cluster config).
 """
 
@@ -57,6 +58,9 @@ class SeparateFakeNodeProvider(FakeMultiNodeProvider):
     def _create_node_with_resources_and_labels(self, node_config: dict[str, Any], tags: dict[str, str],
                                                count: int, resources: dict[str, Any],
                                                labels: dict[str, str]) -> None:
+        """The stock method (Ray 2.60) with two ``RayParams`` more: ``runtime_env_dir_name`` and
+        ``include_log_monitor``. Ray has no hook for a node's parameters, so the method is restated here;
+        an upgrade of Ray must compare it with the stock one."""
         resources = copy.deepcopy(resources)  # popped below; the autoscaler keeps its own copy
         with self.lock:
             node_type = tags[TAG_RAY_USER_NODE_TYPE]

@@ -56,7 +56,9 @@ logger = logging.getLogger(__name__)
 HEAD_NODE_TYPE = "ray.head.default"
 FAKE_HEAD_NODE_ID = "fffffffffffffffffffffffffffffffffffffffffffffffffff00000"
 ELASTIC_NODE_TYPE = "elastic"
-FAKE_NODE_PROVIDER = "relax.cluster.fake_nodes.SeparateFakeNodeProvider"  # loaded by the head's autoscaler
+# Loaded by the head's autoscaler; named, not imported, so this module does not pull in Ray's autoscaler
+# (tests/unit/test_fake_nodes.py keeps it equal to relax.cluster.fake_nodes.MODULE_PATH).
+FAKE_NODE_PROVIDER = "relax.cluster.fake_nodes.SeparateFakeNodeProvider"
 MB = 1024 * 1024
 
 

@@ -69,11 +69,11 @@ def test_same_seed_builds_identical_bytes(tmp_path):
         assert torch.get_num_threads() == 2  # the build restores the caller's thread count
     finally:
         torch.set_num_threads(threads)
-    assert _hashes(first.root) == _hashes(second.root)
-    assert {"model/model.safetensors", "model/tokenizer.json", "data/train.jsonl", "preset.json"} <= set(
-        _hashes(first.root))
+    hashes = _hashes(first.root)
+    assert hashes == _hashes(second.root)
+    assert {"model/model.safetensors", "model/tokenizer.json", "data/train.jsonl", "preset.json"} <= set(hashes)
     other = build_tiny_preset(tmp_path / "other", seed=1, recipe=short)  # the seed is what the bytes follow
-    assert _hashes(other.root)["model/model.safetensors"] != _hashes(first.root)["model/model.safetensors"]
+    assert _hashes(other.root)["model/model.safetensors"] != hashes["model/model.safetensors"]
 
 
 def test_preset_paths_and_describe(tiny_preset):
