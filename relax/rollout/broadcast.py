@@ -46,6 +46,10 @@ class WeightSource(Protocol):
 
     async def wait_open(self, name: str, timeout_s: float) -> None: ...
 
+    async def acquire(self, version: int, lease_s: float) -> bool: ...
+
+    async def release(self, version: int) -> None: ...
+
     async def broadcast(self, name: str, version: int, index: int) -> int: ...
 
     async def close(self, name: str) -> None: ...
@@ -66,6 +70,12 @@ class RayWeightSource:
     async def wait_open(self, name: str, timeout_s: float) -> None:
         await self._call("weights_wait_open", name, timeout_s)
 
+    async def acquire(self, version: int, lease_s: float) -> bool:
+        return await self._call("weights_acquire", version, lease_s)
+
+    async def release(self, version: int) -> None:
+        await self._call("weights_release", version)
+
     async def broadcast(self, name: str, version: int, index: int) -> int:
         return await self._call("weights_broadcast", name, version, index)
 
@@ -85,11 +95,25 @@ class ThreadWeightSource:
     async def wait_open(self, name: str, timeout_s: float) -> None:
         await asyncio.to_thread(self.sender.wait_open, name, timeout_s)
 
+    async def acquire(self, version: int, lease_s: float) -> bool:
+        return await asyncio.to_thread(self.sender.acquire, version, lease_s)
+
+    async def release(self, version: int) -> None:
+        await asyncio.to_thread(self.sender.release, version)
+
     async def broadcast(self, name: str, version: int, index: int) -> int:
         return await asyncio.to_thread(self.sender.broadcast, name, version, index)
 
     async def close(self, name: str) -> None:
         await asyncio.to_thread(self.sender.close, name)
+
+
+class VersionSuperseded(Exception):
+    """The trainer's rank 0 no longer holds the version: newer ones replaced it before this send began.
+
+    Raised before the engine is paused or sent anything, so the caller moves on to the newest version with
+    the engine and its group as they were.
+    """
 
 
 @dataclass(frozen=True)
@@ -151,20 +175,27 @@ async def send_version(engine_id: str, client: Any, group: EngineGroup, version:
     than let it serve a mix of two versions.
     """
     specs = specs_from_manifest(manifest.names, manifest.dtypes, manifest.shapes, manifest.bucket_sizes)
-    paused_at = time.monotonic()
-    if pause_mode != "none":
-        await asyncio.wait_for(client.pause_generation(pause_mode), timeout_s)
-    await asyncio.wait_for(client.begin_weight_update(), timeout_s)
-    transfer_began = time.monotonic()
-    sent = 0
-    for index, spec in enumerate(specs):
-        sent += await _one_bucket(client, group, version, index, spec, last=index == len(specs) - 1,
-                                  timeout_s=timeout_s)
-    transfer_s = time.monotonic() - transfer_began
-    await asyncio.wait_for(client.end_weight_update(), timeout_s)
-    if pause_mode != "none":
-        await asyncio.wait_for(client.continue_generation(), timeout_s)
-    paused_s = time.monotonic() - paused_at if pause_mode != "none" else 0.0
+    # pinned on the sender for the whole send (each step has timeout_s): no hold drops it between buckets
+    lease_s = timeout_s * (len(specs) + 4)
+    if not await asyncio.wait_for(group.source.acquire(version, lease_s), timeout_s):
+        raise VersionSuperseded(f"weight version {version} is no longer held by the trainer's rank 0")
+    try:
+        paused_at = time.monotonic()
+        if pause_mode != "none":
+            await asyncio.wait_for(client.pause_generation(pause_mode), timeout_s)
+        await asyncio.wait_for(client.begin_weight_update(), timeout_s)
+        transfer_began = time.monotonic()
+        sent = 0
+        for index, spec in enumerate(specs):
+            sent += await _one_bucket(client, group, version, index, spec, last=index == len(specs) - 1,
+                                      timeout_s=timeout_s)
+        transfer_s = time.monotonic() - transfer_began
+        await asyncio.wait_for(client.end_weight_update(), timeout_s)
+        if pause_mode != "none":
+            await asyncio.wait_for(client.continue_generation(), timeout_s)
+        paused_s = time.monotonic() - paused_at if pause_mode != "none" else 0.0
+    finally:
+        await _quietly(asyncio.wait_for(group.source.release(version), timeout_s))  # else its lease lapses
     log.info("%s: weights v%d by broadcast, %d buckets, %.1f MiB in %.2fs (paused %.2fs)", engine_id, version,
              len(specs), sent / 2**20, transfer_s, paused_s)
     # receive and load are one step per bucket here (the engine copies each bucket as it arrives): load_s = transfer_s

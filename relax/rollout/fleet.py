@@ -30,7 +30,14 @@ from typing import Any, Protocol
 
 from relax.engines.client import EngineClient, EngineError
 from relax.logs import failure_cause
-from relax.rollout.broadcast import BroadcastSettings, EngineGroup, close_group, open_group, send_version
+from relax.rollout.broadcast import (
+    BroadcastSettings,
+    EngineGroup,
+    VersionSuperseded,
+    close_group,
+    open_group,
+    send_version,
+)
 from relax.rollout.events import EventKind, EventLog
 from relax.rollout.eviction import Eviction, EvictionSettings, plan_evictions
 from relax.rollout.joins import JoinLog
@@ -334,7 +341,13 @@ class EngineFleet:
                 began = time.monotonic()
                 try:
                     if latest.broadcast:
-                        timings = await self._sync_broadcast(engine_id, latest)
+                        try:
+                            timings = await self._sync_broadcast(engine_id, latest)
+                        except VersionSuperseded:
+                            log.info("%s: weights v%d superseded before its send began; moving on to the newest",
+                                     engine_id, latest.version)
+                            await self._newer_than(latest.version)
+                            continue
                     elif record.kind is EngineKind.EXTERNAL:
                         timings = await self._sync_external(engine_id, latest)
                     else:
@@ -346,6 +359,16 @@ class EngineFleet:
                 self.last_syncs[engine_id] = {**(timings or {}), "version": latest.version,
                                               "total_s": time.monotonic() - began}
                 self.pool.set_weight_version(engine_id, latest.version)
+
+    async def _newer_than(self, version: int) -> None:
+        """Wait for a publication newer than ``version``: the sender held one before it dropped ``version``,
+        so it is at most a registration away (bounded by the broadcast timeout all the same)."""
+        deadline = time.monotonic() + self.settings.broadcast.timeout_s
+        while (latest := self.weights.latest()) is None or latest.version <= version:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no weight version newer than v{version} was published within "
+                                   f"{self.settings.broadcast.timeout_s:g}s, and the trainer no longer holds it")
+            await asyncio.sleep(0.05)
 
     def _syncing(self, engine_id: str) -> bool:
         idle = self._sync_idle.get(engine_id)
@@ -375,6 +398,8 @@ class EngineFleet:
         try:
             return await send_version(engine_id, client, group, latest.version, latest.manifest,
                                       self.settings.weight_sync_pause_mode, settings.timeout_s)
+        except VersionSuperseded:
+            raise  # nothing was sent: the engine and its group are as they were
         except BaseException:
             self._groups.pop(engine_id, None)
             await close_group(group, None)  # the trainer's side; the engine is failed by the caller

@@ -686,6 +686,12 @@ class TrainerActor:
     def weights_wait_open(self, name: str, timeout_s: float) -> None:
         self._sender().wait_open(name, timeout_s)
 
+    def weights_acquire(self, version: int, lease_s: float) -> bool:
+        return self._sender().acquire(version, lease_s)
+
+    def weights_release(self, version: int) -> None:
+        self._sender().release(version)
+
     def weights_broadcast(self, name: str, version: int, index: int) -> int:
         return self._sender().broadcast(name, version, index)
 

@@ -59,6 +59,7 @@ class WeightSender:
         self._versions: dict[int, HeldVersion] = {}
         self._groups: dict[str, WeightGroup] = {}
         self._sending: dict[int, int] = {}  # version -> broadcasts reading its buffers now
+        self._leases: dict[int, tuple[int, float]] = {}  # version -> (sends that pinned it, when the pin lapses)
         self._pending: dict[str, Future[WeightGroup]] = {}
         self._lock = threading.Lock()
         self._joiner = ThreadPoolExecutor(max_workers=4, thread_name_prefix="relax-weight-group")
@@ -86,8 +87,7 @@ class WeightSender:
             if latest is not None and version <= latest:
                 raise ValueError(f"weight versions must strictly increase: got {version} after {latest}")
             self._versions[version] = held
-            for old in sorted(self._versions)[: -self._keep]:
-                del self._versions[old]
+            self._trim()
         log.info("weights v%d held for broadcast: %d buckets, %.1f MiB in %.3fs", version, len(specs),
                  held.nbytes / 2**20, time.perf_counter() - t0)
         return manifest
@@ -104,10 +104,51 @@ class WeightSender:
                 return [None] * len(sizes)
             oldest = min(self._versions)
             held = self._versions[oldest]
-            if self._sending.get(oldest, 0) or [b.numel() for b in held.buffers] != sizes:
+            if (self._sending.get(oldest, 0) or self._pinned(oldest)
+                    or [b.numel() for b in held.buffers] != sizes):
                 return [None] * len(sizes)
             del self._versions[oldest]  # dropped now rather than after the copy: no send can start on it
             return list(held.buffers)
+
+    def acquire(self, version: int, lease_s: float) -> bool:
+        """Pin ``version`` for a send about to start; False when it is no longer held.
+
+        Without the pin, a trainer that steps faster than an engine syncs (or joins: opening its group takes
+        a while) drops the version between the manager choosing it and the send's first or next bucket, and
+        the engine, already paused and receiving, has to be failed. Pinned, it stays until ``release``, or
+        until the lease lapses should the manager die mid-send. Refused, nothing on the engine has been
+        touched: the manager moves on to the newest version.
+        """
+        with self._lock:
+            if version not in self._versions:
+                return False
+            count, until = self._leases.get(version, (0, 0.0))
+            self._leases[version] = (count + 1, max(until, time.monotonic() + lease_s))
+            return True
+
+    def release(self, version: int) -> None:
+        """The send that pinned ``version`` is over; an unpinned version past the newest ``keep`` goes."""
+        with self._lock:
+            count, until = self._leases.pop(version, (0, 0.0))
+            if count > 1:
+                self._leases[version] = (count - 1, until)
+            self._trim()
+
+    def _pinned(self, version: int) -> bool:
+        """Under the lock: a send holds a lease on ``version`` that has not lapsed."""
+        lease = self._leases.get(version)
+        if lease is not None and lease[1] <= time.monotonic():
+            log.warning("weights v%d: a send's pin lapsed without a release (the manager stopped mid-send?)",
+                        version)
+            del self._leases[version]
+            return False
+        return lease is not None
+
+    def _trim(self) -> None:
+        """Under the lock: keep the newest ``keep`` versions, and older ones only while a send has them pinned."""
+        for old in sorted(self._versions)[: -self._keep]:
+            if not self._pinned(old):
+                del self._versions[old]
 
     def held_versions(self) -> list[int]:
         with self._lock:

@@ -15,8 +15,10 @@ import time
 from typing import Any
 
 import pytest
+from safetensors.torch import load_file
 
 from relax.engines.client import EngineClient
+from relax.rollout.broadcast import ThreadWeightSource
 from relax.rollout.events import EventLog, transition_recorder
 from relax.rollout.executor import ScaleExecutor, ScalingSettings
 from relax.rollout.fleet import EngineFleet, FleetSettings
@@ -25,6 +27,7 @@ from relax.rollout.pool import EngineKind, EnginePool, EngineState
 from relax.rollout.router import Router
 from relax.rollout.scaling import ScaleInSpec, ScaleOutSpec
 from relax.training.publication import WeightRegistry
+from relax.training.sender import WeightSender
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -154,3 +157,50 @@ async def test_fleet_and_executor_run_without_a_cluster(start_engine, tiny_prese
         await executor.aclose()
         await fleet.shutdown()
     assert launcher.procs == {}  # every server the fleet started is stopped
+
+
+class SteppingSource(ThreadWeightSource):
+    """The real sender, with a trainer that steps twice while a joining engine's weight group opens: the
+    version the fleet chose for the engine is dropped before its send begins (seen on a fast machine, where
+    the tiny run steps every 0.1 s and a join's group took 0.12 s to open)."""
+
+    def __init__(self, sender: WeightSender, step: Any) -> None:
+        super().__init__(sender)
+        self._step = step
+
+    async def open(self, name: str, world_size: int, backend: str, timeout_s: float) -> dict[str, Any]:
+        info = await super().open(name, world_size, backend, timeout_s)
+        self._step()
+        self._step()
+        return info
+
+
+async def test_a_joining_engine_whose_version_is_superseded_moves_on_to_the_newest(start_engine, tiny_preset) -> None:
+    state = load_file(str(tiny_preset.model_dir / "model.safetensors"))
+    sender = WeightSender("127.0.0.1", keep=2)
+    weights = WeightRegistry()
+    source: SteppingSource
+
+    def step() -> None:
+        version = (weights.latest_version or 0) + 1
+        weights.publish(version, [], sender.hold(version, state), sender=source)
+
+    source = SteppingSource(sender, step)
+    weights.publish(1, [], sender.hold(1, state), sender=source)
+    events = EventLog()
+    pool = EnginePool(time.time, on_transition=transition_recorder(events, lambda: weights.latest_version))
+    launcher = ProcessLauncher(start_engine, str(tiny_preset.model_dir))
+    fleet = EngineFleet(pool, Router(), events, weights, launcher,
+                        FleetSettings(model_path=str(tiny_preset.model_dir), request_timeout_s=60,
+                                      health_timeout_s=60, drain_timeout_s=60, shutdown_timeout_s=5),
+                        client_factory=lambda url, timeout, token: EngineClient(url, timeout=timeout, token=token))
+    try:
+        await fleet.start_initial([("stable-group", 0)])
+        (record,) = pool.active()  # v1 was dropped while its group opened; it joined on v3 instead of failing
+        assert record.weight_version == 3 and sender.held_versions() == [2, 3]
+        assert await fleet.client(record.engine_id).get_weight_version() == "3"
+        assert not (await fleet.client(record.engine_id).get_server_info())["paused"]
+    finally:
+        await fleet.shutdown()
+        sender.shutdown()
+    assert launcher.procs == {}

@@ -19,7 +19,14 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from relax.engines.client import EngineClient, EngineError
-from relax.rollout.broadcast import BroadcastSettings, ThreadWeightSource, close_group, open_group, send_version
+from relax.rollout.broadcast import (
+    BroadcastSettings,
+    ThreadWeightSource,
+    VersionSuperseded,
+    close_group,
+    open_group,
+    send_version,
+)
 from relax.training.sender import WeightSender
 from relax.training.weight_group import host_store, join_group
 from tests.integration.test_builtin_engine import teacher_forced_logprobs
@@ -79,6 +86,18 @@ async def test_a_broadcast_version_is_served_with_the_trainers_logprobs(
         manifest2 = sender.hold(2, {k: v * 0.5 for k, v in state.items()}, bucket_bytes=64 * 1024)
         await send_version("engine-0", client, group, 2, manifest2, "retract", 30.0)
         assert await client.get_weight_version() == "2"
+
+        # a version the trainer dropped before its send began (it stepped on): refused before the engine is
+        # paused or sent anything, and the group carries the newest one next
+        manifest3 = sender.hold(3, state, bucket_bytes=64 * 1024)
+        for v in (4, 5):
+            newest = sender.hold(v, state, bucket_bytes=64 * 1024)
+        with pytest.raises(VersionSuperseded):
+            await send_version("engine-0", client, group, 3, manifest3, "retract", 30.0)
+        info = await client.get_server_info()
+        assert info["paused"] is False and await client.get_weight_version() == "2"
+        await send_version("engine-0", client, group, 5, newest, "retract", 30.0)
+        assert await client.get_weight_version() == "5" and sender.held_versions() == [4, 5]
         await close_group(group, client)
         assert sender.groups() == [] and (await client.get_server_info())["weight_update_groups"] == []
 
@@ -169,6 +188,22 @@ def test_superseded_versions_and_unknown_groups_are_refused_clearly() -> None:
     store, port = host_store("127.0.0.1", 2, 5.0)
     assert port > 0
     del store
+
+
+def test_a_pinned_version_outlives_newer_holds_until_its_send_releases_it() -> None:
+    sender = WeightSender("127.0.0.1", keep=2)
+    sender.hold(1, {"w": torch.ones(4)})
+    assert sender.acquire(1, lease_s=60)
+    for v in (2, 3):
+        sender.hold(v, {"w": torch.full((4,), float(v))})
+    assert sender.held_versions() == [1, 2, 3]  # the send of v1 may still need its next bucket
+    assert torch.equal(sender._held(1).buffers[0].view(torch.float32), torch.ones(4))  # its memory not reused
+    sender.release(1)
+    assert sender.held_versions() == [2, 3]
+    assert not sender.acquire(1, lease_s=60)  # gone: the manager moves on, its engine untouched
+    assert sender.acquire(2, lease_s=0.0)  # a lease that lapsed (its manager stopped mid-send) pins nothing
+    sender.hold(4, {"w": torch.ones(4)})
+    assert sender.held_versions() == [3, 4]
 
 
 def test_held_buffers_are_copies_a_training_step_cannot_change() -> None:
