@@ -122,17 +122,20 @@ def _survivors(pids: list[int]) -> list[int]:
 class Driver:
     """A Ray driver in a subprocess, connected to the elastic cluster."""
 
-    def __init__(self, address: str, env: dict[str, str], package: Path) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", DRIVER, address, str(package)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL, text=True, env={**os.environ, **env, "OMP_NUM_THREADS": "1"},
-        )
+    def __init__(self, address: str, env: dict[str, str], package: Path, log: Path) -> None:
+        self.log = log  # its stderr: why it exited, should it exit
+        with log.open("w") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", DRIVER, address, str(package)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=err, text=True, env={**os.environ, **env, "OMP_NUM_THREADS": "1"},
+            )
 
     def read(self) -> dict[str, Any]:
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         if not line:
-            raise RuntimeError(f"driver exited with code {self.proc.wait(timeout=5)}")
+            code = self.proc.wait(timeout=5)
+            raise RuntimeError(f"driver exited with code {code}:\n{self.log.read_text(errors='replace')[-3000:]}")
         return json.loads(line)
 
     def call(self, **cmd: Any) -> dict[str, Any]:
@@ -192,7 +195,7 @@ def test_elastic_cluster_grows_and_shrinks(record_property: Any, tmp_path: Any) 
         package = tmp_path / "package"
         package.mkdir()
         (package / "probe_module.py").write_text("VALUE = 1\n")
-        driver = Driver(info.address, info.env(), package)
+        driver = Driver(info.address, info.env(), package, tmp_path / "driver.err")
         try:
             hello = driver.read()
             assert hello["resources"]["stable_gpu"] == 2, hello
