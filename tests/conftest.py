@@ -31,7 +31,7 @@ def built_once(factory: pytest.TempPathFactory, name: str, build: Callable[[Path
     The workers' temp roots share a parent (xdist's ``popen-gwN`` folders under one run folder): the first
     worker builds there under an exclusive lock and leaves the result pickled beside it; the others wait on
     the lock and read it. The presets are deterministic, so which worker builds does not matter; sharing
-    saves each further worker the build (the tiny preset ~20 s of CPU, smollm2's conversion ~30 s).
+    saves each further worker the build (the tiny preset ~20 s of CPU, smollm2's conversion ~20 s).
     """
     if _xdist_worker() is None:
         return build(factory.mktemp(name))
