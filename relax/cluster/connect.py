@@ -20,6 +20,7 @@ from relax.cluster.embedded import (
     ray_temp_root,
     stop_session,
 )
+from relax.cluster.startup import START_ATTEMPTS, start_timed_out
 from relax.config.plan import Plan
 
 log = logging.getLogger("relax.cluster")
@@ -63,17 +64,6 @@ def connect(plan: Plan, *, runtime_env: dict | None = None) -> str:
     log.info("started an embedded Ray cluster: %d logical GPUs, %d CPUs%s", gpus, gpus + 2,
              f", markers {sorted(resources)}" if resources else "")
     return "embedded"
-
-
-START_ATTEMPTS = 2
-"""Ray gives a starting node a fixed 30 s to register with its GCS (``ray._private.node``), not configurable;
-on a machine short of CPU (seen: two test runs and a three-node local cluster on two cores) that can pass,
-and a run then fails before it began. One more try, after stopping what the first one started."""
-
-
-def start_timed_out(exc: BaseException) -> bool:
-    """Whether ``ray.init`` failed because the new node did not register in time (Ray raises a bare Exception)."""
-    return "timed out during startup" in str(exc)
 
 
 def _stop_failed_start() -> None:

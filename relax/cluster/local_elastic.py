@@ -49,6 +49,7 @@ import yaml
 from relax.cluster import ray_auth
 from relax.cluster.network import LOCALHOST as LOOPBACK
 from relax.cluster.network import free_ports
+from relax.cluster.startup import START_ATTEMPTS, start_timed_out
 
 logger = logging.getLogger(__name__)
 
@@ -704,7 +705,22 @@ class ElasticCluster:
     def start(self, timeout: float = 90.0) -> ClusterInfo:
         """Start the head (and its autoscaler), wait until the GCS answers, the head node is registered and,
         if enabled, the dashboard serves; return how to reach it. Raises ``ElasticClusterError`` with the
-        head's log tail on failure, after cleaning up whatever started."""
+        head's log tail on failure, after cleaning up whatever started.
+
+        A head that ran past Ray's own fixed 30 s registration wait (``relax.cluster.startup``; seen on two
+        cores beside a training run) is stopped and started once more, with ``timeout`` again.
+        """
+        for _ in range(START_ATTEMPTS - 1):
+            try:
+                return self._start_once(timeout)
+            except ElasticClusterError as exc:
+                if not start_timed_out(exc):
+                    raise
+                logger.warning("elastic cluster: `ray start --head` timed out in Ray's 30 s wait for its raylet "
+                               "(a machine short of CPU); stopped what it started, trying once more")
+        return self._start_once(timeout)
+
+    def _start_once(self, timeout: float) -> ClusterInfo:
         if self._info is not None:
             raise ElasticClusterError(f"elastic cluster already started at {self._info.address}")
         cfg = self.config
