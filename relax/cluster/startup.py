@@ -16,9 +16,7 @@ START_ATTEMPTS = 2
 TIMED_OUT_MARKER = "timed out during startup"
 
 
-def start_timed_out(error: BaseException | str) -> bool:
-    """Whether a Ray start failed because the new node did not register in Ray's fixed 30 s.
-
-    ``error`` is the exception ``ray.init`` raised, or the text (a log tail) of a ``ray start`` that exited.
-    """
+def start_timed_out(error: BaseException) -> bool:
+    """Whether a Ray start failed because the new node did not register in Ray's fixed 30 s: the exception
+    ``ray.init`` raised, or an error quoting the log tail of a ``ray start`` that exited."""
     return TIMED_OUT_MARKER in str(error)

@@ -48,14 +48,14 @@ def _roots(tmp_path: Path) -> list[Path]:
     return [Path(line) for line in (tmp_path / "calls").read_text().splitlines()]
 
 
-def _start(tmp_path: Path) -> None:
+def _start() -> None:
     ElasticCluster(ElasticClusterConfig(head_gpus=1, include_dashboard=False)).start(timeout=30)
 
 
 def test_a_head_that_timed_out_is_stopped_and_started_once_more(heads: list[str], tmp_path: Path) -> None:
     heads += [TIMED_OUT, "RuntimeError: something else"]
     with pytest.raises(ElasticClusterError, match="something else"):
-        _start(tmp_path)
+        _start()
     roots = _roots(tmp_path)
     assert len(roots) == 2 and roots[0] != roots[1]
     assert not any(root.exists() for root in roots)  # each failed head's directory is gone
@@ -64,12 +64,12 @@ def test_a_head_that_timed_out_is_stopped_and_started_once_more(heads: list[str]
 def test_a_second_timeout_is_raised(heads: list[str], tmp_path: Path) -> None:
     heads += [TIMED_OUT, TIMED_OUT]
     with pytest.raises(ElasticClusterError, match="timed out during startup"):
-        _start(tmp_path)
+        _start()
     assert len(_roots(tmp_path)) == 2
 
 
 def test_any_other_failure_is_raised_at_once(heads: list[str], tmp_path: Path) -> None:
     heads += ["ValueError: bad resources", TIMED_OUT]
     with pytest.raises(ElasticClusterError, match="bad resources"):
-        _start(tmp_path)
+        _start()
     assert len(_roots(tmp_path)) == 1
