@@ -36,6 +36,7 @@ def _cmd_preset_smollm2(args: argparse.Namespace) -> int:
 def _cmd_engine_serve(args: argparse.Namespace) -> int:
     import os
 
+    from relax.engines.builtin.model_runner import ModelImpl
     from relax.engines.builtin.server import ServerArgs, serve
     from relax.engines.launcher import ENGINE_API_KEY_ENV
 
@@ -44,13 +45,13 @@ def _cmd_engine_serve(args: argparse.Namespace) -> int:
         print(f"relax engine serve: --model-path {model} has no config.json (build one with "
               f"`relax preset tiny --out DIR` and pass DIR/model)", file=sys.stderr)
         return 2
-    serve(ServerArgs(
+    return serve(ServerArgs(
         model_path=str(model), host=args.host, port=args.port, max_running_requests=args.max_running_requests,
         max_total_tokens=args.max_total_tokens, weight_version=args.weight_version, device=args.device,
         num_threads=args.num_threads, seed=args.seed, served_model_name=args.served_model_name,
-        log_level=args.log_level, api_key=args.api_key or os.environ.get(ENGINE_API_KEY_ENV) or None,
+        log_level=args.log_level, model_impl=ModelImpl(args.model_impl),
+        api_key=args.api_key or os.environ.get(ENGINE_API_KEY_ENV) or None,
     ))
-    return 0
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -89,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--num-threads", type=argtypes.positive_int, default=1, help="torch CPU threads")
     serve.add_argument("--seed", type=int, default=0, help="sampling seed")
     serve.add_argument("--served-model-name", default=None)
+    serve.add_argument("--model-impl", default="auto", choices=["auto", "native", "transformers"],
+                       help="auto: the built-in decoder where it implements the architecture exactly (Qwen3, "
+                            "Llama), else transformers; native: refuse other architectures; transformers: always")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.add_argument("--api-key", default=None,
                        help="SGLang's --api-key: control and generation routes need 'Authorization: Bearer KEY' "

@@ -319,6 +319,8 @@ class BuiltinOptions:
     max_running_requests: int | None = None
     max_total_tokens: int | None = None
     num_threads: int | None = None
+    model_impl: str | None = None
+    """``auto`` (the default), ``native`` or ``transformers``: see ``relax engine serve --help``."""
     api_key: str | None = field(default=None, repr=False)
     """The engine's secret (SGLang's ``--api-key``); passed in the environment, never in argv."""
 
@@ -331,6 +333,7 @@ def builtin_command(
     max_total_tokens: int | None = None,
     weight_version: int | str | None = None,
     num_threads: int | None = None,
+    model_impl: str | None = None,
 ) -> list[str]:
     """argv of the built-in engine, run with this interpreter so it sees the same packages."""
     argv = [sys.executable, "-m", "relax.cli", "engine", "serve"]
@@ -340,6 +343,7 @@ def builtin_command(
         ("--max-total-tokens", max_total_tokens),
         ("--weight-version", weight_version),
         ("--num-threads", num_threads),
+        ("--model-impl", model_impl),
     )
     for flag, value in optional:
         if value is not None:
@@ -380,6 +384,7 @@ def builtin_spec(
         max_total_tokens=options.max_total_tokens,
         weight_version=weight_version,
         num_threads=options.num_threads,
+        model_impl=options.model_impl,
     )
     inherited = os.environ.get("PYTHONPATH", "")
     merged_env = {

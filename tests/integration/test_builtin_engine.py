@@ -275,6 +275,7 @@ async def test_health_info_and_cache_endpoints(client, tiny_preset) -> None:
     assert (await client.post("/flush_cache")).json()["success"] is True
     info = (await client.get("/server_info")).json()
     assert info["engine"] == "relax-builtin" and info["max_running_requests"] == 4
+    assert info["model_impl"] == "auto" and info["served_by"] == "native"  # a Qwen3: the built-in decoder
     model = (await client.get("/model_info")).json()
     assert model["is_generation"] is True and model["model_path"] == str(tiny_preset.model_dir)
     assert (await client.get("/model_info")).json()["weight_version"] == "0"

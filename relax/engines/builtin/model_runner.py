@@ -1,4 +1,4 @@
-"""Batched forward passes with a KV cache over a Hugging Face causal LM.
+"""Batched forward passes with a KV cache over a causal LM (the native decoder, or transformers' model).
 
 The running batch is left-padded. A *prefill* encodes full sequences (prompt plus the tokens generated
 so far) into a fresh cache; a *decode* feeds one token per row. Rows that finish are dropped from the
@@ -11,18 +11,22 @@ continuous batching beats a static batch. Only weight changes and retracts re-en
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
-from transformers import AutoModelForCausalLM, DynamicCache
+
+from relax.engines.builtin.decoder import load_decoder, native_config, not_native
 
 
 @dataclass
 class _BatchState:
-    cache: DynamicCache
+    cache: Any  # decoder.KVCache, or transformers' DynamicCache: both keep ``layers[i].keys/values``
     attention_mask: torch.Tensor  # [B, L] 1 = real token
     next_position: torch.Tensor  # [B] position id of the next token
 
@@ -33,9 +37,48 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def load_model(model_path: str | Path, device: torch.device) -> torch.nn.Module:
-    model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32)
+class ModelImpl(str, Enum):
+    """Which implementation serves the checkpoint (SGLang's ``--model-impl``, with its own model code as native).
+
+    ``auto`` serves natively where ``decoder`` implements the architecture exactly and through transformers
+    otherwise; ``native`` refuses a checkpoint it cannot serve exactly; ``transformers`` always uses
+    transformers' model and tokenizer (slower to start; the reference the native decoder is tested against).
+    """
+
+    AUTO = "auto"
+    NATIVE = "native"
+    TRANSFORMERS = "transformers"
+
+
+class ModelImplError(ValueError):
+    """``--model-impl native`` asked for a checkpoint the native decoder does not implement exactly."""
+
+
+def load_model(model_path: str | Path, device: torch.device, impl: ModelImpl = ModelImpl.AUTO) -> torch.nn.Module:
+    """The checkpoint in fp32 on ``device``: natively where ``decoder`` implements its architecture exactly
+    (Qwen3, Llama), else through transformers (any other architecture, at a few CPU-seconds more start-up)."""
+    model_dir = Path(model_path)
+    raw = json.loads((model_dir / "config.json").read_text())
+    config = native_config(raw) if impl is not ModelImpl.TRANSFORMERS else None
+    if impl is ModelImpl.NATIVE and config is None:
+        raise ModelImplError(f"--model-impl native cannot serve {model_dir}: {not_native(raw)}; "
+                         "use --model-impl auto or transformers")
+    if config is not None:
+        model = load_decoder(model_dir, config)
+    else:
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
     return model.to(device).eval()
+
+
+def _new_cache(model: torch.nn.Module) -> Any:
+    new_cache = getattr(model, "new_cache", None)
+    if new_cache is not None:
+        return new_cache()
+    from transformers import DynamicCache
+
+    return DynamicCache()
 
 
 class ModelRunner:
@@ -86,7 +129,7 @@ class ModelRunner:
             mask[row, width - len(seq) :] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         ids, mask, positions = ids.to(self.device), mask.to(self.device), positions.to(self.device)
-        cache = DynamicCache()
+        cache = _new_cache(self.model)
         out = self.model(
             input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
             logits_to_keep=1,

@@ -12,6 +12,7 @@ import hmac
 import logging
 import os
 import signal
+import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -23,12 +24,12 @@ import torch
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from transformers import AutoTokenizer
 
 from relax import __version__
+from relax.engines.builtin.decoder import DecoderForCausalLM
 from relax.engines.builtin.engine import DuplicateRequestId, Engine, PauseMode
 from relax.engines.builtin.metrics import EngineMetrics
-from relax.engines.builtin.model_runner import ModelRunner, load_model, resolve_device
+from relax.engines.builtin.model_runner import ModelImpl, ModelImplError, ModelRunner, load_model, resolve_device
 from relax.engines.builtin.protocol import (
     AbortBody,
     GenerateBody,
@@ -42,6 +43,7 @@ from relax.engines.builtin.protocol import (
 from relax.engines.builtin.rwlock import WriterPreferringLock
 from relax.engines.builtin.scheduler import Capacity
 from relax.engines.builtin.scheduler import Request as EngineRequest
+from relax.engines.builtin.tokenizer import load_tokenizer
 from relax.engines.builtin.weight_updates import DistributedUpdates, WeightUpdateError
 from relax.engines.guard import parent_watchdog
 
@@ -68,6 +70,7 @@ class ServerArgs:
     seed: int = 0
     served_model_name: str | None = None
     log_level: str = "info"
+    model_impl: ModelImpl = ModelImpl.AUTO
     api_key: str | None = field(default=None, repr=False)
     """SGLang's ``--api-key``: every route but ``/health*`` and ``/metrics`` needs ``Bearer <key>``."""
 
@@ -117,8 +120,10 @@ class BuiltinServer:
         model_dir = _check_weights_dir(args.model_path)
         torch.set_num_threads(max(1, args.num_threads))
         self.device = resolve_device(args.device)
-        self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-        model = load_model(model_dir, self.device)
+        impl = ModelImpl(args.model_impl)
+        model = load_model(model_dir, self.device, impl)  # first: a checkpoint --model-impl refuses costs nothing
+        self.served_by = ModelImpl.NATIVE if isinstance(model, DecoderForCausalLM) else ModelImpl.TRANSFORMERS
+        self.tokenizer = load_tokenizer(model_dir, prefer_file=impl is not ModelImpl.TRANSFORMERS)
         self.config = model.config
         self.model_name = args.served_model_name or model_dir.name
         self.max_context = int(getattr(model.config, "max_position_embeddings", 1 << 30))
@@ -268,7 +273,8 @@ class BuiltinServer:
 
     async def _load_weights(self, path: Path, body: UpdateWeightsBody) -> dict[str, Any]:
         try:
-            new_model = await asyncio.to_thread(load_model, path, torch.device("cpu"))
+            impl = ModelImpl(self.args.model_impl)
+            new_model = await asyncio.to_thread(load_model, path, torch.device("cpu"), impl)
         except Exception as exc:
             log.warning("update_weights_from_disk could not load %s: %s: %s", path, type(exc).__name__, exc)
             raise ApiError(400, _not_loadable(body.model_path)) from None
@@ -287,6 +293,7 @@ class BuiltinServer:
     # ------------------------------------------------------------------ info
     def server_info(self) -> dict[str, Any]:
         info = {**asdict(self.args), "model_path": self.model_path, "engine": "relax-builtin",
+                "served_by": self.served_by.value,
                 "version": __version__, "tp_size": 1, "weight_version": self.engine.weight_version,
                 "max_total_num_tokens": self.args.max_total_tokens, "device": str(self.device),
                 "paused": self.engine.paused, "uptime_s": time.time() - self._started_at,
@@ -445,15 +452,25 @@ def _orphaned() -> None:
     os._exit(137)
 
 
-def serve(args: ServerArgs) -> None:
-    """Run the server until SIGTERM/SIGINT (uvicorn handles both and runs the shutdown hook)."""
+def serve(args: ServerArgs) -> int:
+    """Run the server until SIGTERM/SIGINT (uvicorn handles both and runs the shutdown hook); 2 when the
+    checkpoint cannot be served as asked (the reason goes to stderr, not a traceback)."""
     import uvicorn
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    server = BuiltinServer(args)
+    try:
+        server = BuiltinServer(args)
+    except ApiError as exc:
+        print(f"relax engine serve: {exc.message}", file=sys.stderr)
+        return 2
+    except ModelImplError as exc:
+        print(f"relax engine serve: {exc}", file=sys.stderr)
+        return 2
     app = create_app(server)
     server.engine.start()
     parent_watchdog(_orphaned)
-    log.info("built-in engine serving %s on http://%s:%d (weight_version=%s, device=%s)",
-             server.model_path, args.host, args.port, server.engine.weight_version, server.device)
+    log.info("built-in engine serving %s on http://%s:%d (weight_version=%s, device=%s, model_impl=%s)",
+             server.model_path, args.host, args.port, server.engine.weight_version, server.device,
+             server.served_by.value)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+    return 0

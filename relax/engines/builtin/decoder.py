@@ -1,0 +1,304 @@
+"""The built-in engine's own model: a Qwen3/Llama-family decoder in plain torch, loaded from safetensors.
+
+Why not transformers' model classes: importing one costs an engine ~3 s of CPU before it serves (the model
+module pulls in transformers' loading, kernel-hub and distributed-tensor machinery), and ``import
+transformers`` itself ~2 s more — for a server whose whole forward pass is forty lines. Engines start far more
+often than anything else in a run (every scale-out, every replacement), so SGLang too runs its own model
+implementations and keeps transformers as a fallback (its ``--model-impl``). Here the same: architectures this
+module implements exactly are served natively; any other checkpoint falls back to transformers
+(``model_runner.load_model``).
+
+The module tree and parameter names are the checkpoint's (``model.layers.N.self_attn.q_proj.weight``...), so
+weight updates by name, ``state_dict`` comparisons and the trainer's checkpoints need no mapping. The math
+follows transformers' implementations of the same architectures op for op (fp32 RMSNorm, default RoPE,
+SDPA attention), so the engine's log-probs equal the trainer's to float rounding
+(tests/unit/test_decoder.py compares both on the same weights).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+NATIVE_MODEL_TYPES = ("qwen3", "llama")
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    """What the forward pass needs from a checkpoint's config.json."""
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    tie_word_embeddings: bool
+    attention_bias: bool
+    mlp_bias: bool
+    max_position_embeddings: int
+    architectures: tuple[str, ...]
+    eos_token_id: int | list[int] | None
+
+    @property
+    def qk_norm(self) -> bool:
+        """Qwen3 normalises each head's queries and keys before RoPE; Llama does not."""
+        return self.model_type == "qwen3"
+
+
+def not_native(raw: dict[str, Any]) -> str | None:
+    """Why this module does not serve a checkpoint's config.json exactly, or None where it does."""
+    if raw.get("model_type") not in NATIVE_MODEL_TYPES:
+        return f"model_type {raw.get('model_type')!r} is not one of {', '.join(NATIVE_MODEL_TYPES)}"
+    if raw.get("hidden_act", "silu") != "silu":
+        return f"hidden_act {raw.get('hidden_act')!r} is not silu"
+    if raw.get("quantization_config"):
+        return "the checkpoint is quantized"
+    if raw.get("use_sliding_window") or any(t != "full_attention" for t in raw.get("layer_types") or []):
+        return "it uses sliding-window attention"
+    if raw.get("pretraining_tp", 1) != 1:
+        return "pretraining_tp is not 1"
+    rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    if rope.get("rope_type", rope.get("type", "default")) != "default" or rope.get("partial_rotary_factor", 1) != 1:
+        return f"its RoPE is scaled or partial ({rope})"
+    return None
+
+
+def native_config(raw: dict[str, Any]) -> DecoderConfig | None:
+    """The config of a checkpoint this module serves exactly, or None (then transformers serves it)."""
+    if not_native(raw) is not None:
+        return None
+    rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    theta = rope.get("rope_theta", raw.get("rope_theta", 10000.0))
+    heads = int(raw["num_attention_heads"])
+    return DecoderConfig(
+        model_type=raw["model_type"], vocab_size=int(raw["vocab_size"]), hidden_size=int(raw["hidden_size"]),
+        intermediate_size=int(raw["intermediate_size"]), num_hidden_layers=int(raw["num_hidden_layers"]),
+        num_attention_heads=heads, num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
+        head_dim=int(raw.get("head_dim") or int(raw["hidden_size"]) // heads),
+        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)), rope_theta=float(theta),
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        attention_bias=bool(raw.get("attention_bias", False)), mlp_bias=bool(raw.get("mlp_bias", False)),
+        max_position_embeddings=int(raw.get("max_position_embeddings", 1 << 30)),
+        architectures=tuple(raw.get("architectures") or ()), eos_token_id=raw.get("eos_token_id"),
+    )
+
+
+class KVCache:
+    """Keys and values per layer, [B, H_kv, L, D]; the shape ``ModelRunner`` pads, joins and selects rows of."""
+
+    def __init__(self, num_layers: int) -> None:
+        self.layers = [SimpleNamespace(keys=None, values=None) for _ in range(num_layers)]
+
+    def past_length(self) -> int:
+        keys = self.layers[0].keys
+        return 0 if keys is None else int(keys.shape[-2])
+
+    def update(self, index: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        layer = self.layers[index]
+        if layer.keys is None:
+            layer.keys, layer.values = keys, values
+        else:
+            layer.keys = torch.cat([layer.keys, keys], dim=-2)
+            layer.values = torch.cat([layer.values, values], dim=-2)
+        return layer.keys, layer.values
+
+    def batch_select_indices(self, index: torch.Tensor) -> None:
+        for layer in self.layers:
+            if layer.keys is not None:
+                layer.keys, layer.values = layer.keys[index], layer.values[index]
+
+
+def _inv_freq(cfg: DecoderConfig) -> torch.Tensor:
+    """Default RoPE's inverse frequencies, computed as transformers does (int64 arange, then float)."""
+    dim = cfg.head_dim
+    return 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+
+
+def _weight(*shape: int) -> nn.Parameter:
+    """An uninitialised parameter: every weight comes from the checkpoint (``load_decoder``), so the random
+    initialisation ``nn.Linear`` would do (seconds for a real model) is skipped."""
+    return nn.Parameter(torch.empty(*shape))
+
+
+class Linear(nn.Module):
+    def __init__(self, fan_in: int, fan_out: int, bias: bool) -> None:
+        super().__init__()
+        self.weight = _weight(fan_out, fan_in)
+        self.bias = _weight(fan_out) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class Embedding(nn.Module):
+    def __init__(self, vocab: int, size: int) -> None:
+        super().__init__()
+        self.weight = _weight(vocab, size)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.weight)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = _weight(size)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.to(torch.float32)
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: DecoderConfig, index: int) -> None:
+        super().__init__()
+        self.index, self.heads, self.kv_heads, self.head_dim = index, cfg.num_attention_heads, \
+            cfg.num_key_value_heads, cfg.head_dim
+        bias = cfg.attention_bias
+        self.q_proj = Linear(cfg.hidden_size, self.heads * self.head_dim, bias=bias)
+        self.k_proj = Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=bias)
+        self.v_proj = Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=bias)
+        self.o_proj = Linear(self.heads * self.head_dim, cfg.hidden_size, bias=bias)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        self.qk_norm = cfg.qk_norm
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
+                cache: KVCache) -> torch.Tensor:
+        batch, length, _ = x.shape
+        q = self.q_proj(x).view(batch, length, self.heads, self.head_dim)
+        k = self.k_proj(x).view(batch, length, self.kv_heads, self.head_dim)
+        v = self.v_proj(x).view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        k, v = cache.update(self.index, k, v)
+        groups = self.heads // self.kv_heads
+        if groups > 1:
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.head_dim**-0.5)
+        return self.o_proj(out.transpose(1, 2).reshape(batch, length, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: DecoderConfig) -> None:
+        super().__init__()
+        self.gate_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.up_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: DecoderConfig, index: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, index)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
+                cache: KVCache) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Backbone(nn.Module):
+    def __init__(self, cfg: DecoderConfig) -> None:
+        super().__init__()
+        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+@dataclass
+class Output:
+    logits: torch.Tensor
+
+
+class DecoderForCausalLM(nn.Module):
+    """``model(input_ids, attention_mask, position_ids, cache)`` as ``ModelRunner`` calls a causal LM."""
+
+    def __init__(self, cfg: DecoderConfig, generation_config: dict[str, Any] | None = None) -> None:
+        super().__init__()
+        self.config = cfg
+        self.generation_config = SimpleNamespace(**(generation_config or {}))
+        self.model = Backbone(cfg)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.register_buffer("inv_freq", _inv_freq(cfg), persistent=False)
+
+    def new_cache(self) -> KVCache:
+        return KVCache(self.config.num_hidden_layers)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+                cache: KVCache, logits_to_keep: int = 0, **_: Any) -> Output:
+        """``attention_mask`` is [B, past + T] (1 = real token, left padding); ``position_ids`` [B, T]."""
+        length = input_ids.shape[1]
+        past = cache.past_length()
+        x = self.model.embed_tokens(input_ids)
+        freqs = position_ids[:, :, None].float() * self.inv_freq[None, None, :].float()
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos().to(x.dtype)[:, None], emb.sin().to(x.dtype)[:, None]
+        # query t sits at column past + t: it sees real tokens up to itself; a padding query sees itself
+        # only (a row with nothing to attend to would turn NaN and spread through the cache)
+        columns = torch.arange(past + length, device=input_ids.device)
+        query_columns = past + torch.arange(length, device=input_ids.device)
+        causal = columns[None, :] <= query_columns[:, None]
+        mask = (attention_mask[:, None, :].bool() & causal[None]) | (columns[None, :] == query_columns[:, None])
+        mask = mask[:, None]  # [B, 1, T, past + T]
+        for layer in self.model.layers:
+            x = layer(x, cos, sin, mask, cache)
+        x = self.model.norm(x)
+        return Output(logits=self.lm_head(x[:, -logits_to_keep:, :] if logits_to_keep else x))
+
+
+def load_decoder(model_dir: Path, config: DecoderConfig) -> DecoderForCausalLM:
+    """The checkpoint's weights (every ``*.safetensors`` file) in a native decoder, fp32; names must match."""
+    from safetensors.torch import load_file
+
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{model_dir} has no *.safetensors weights")
+    generation = model_dir / "generation_config.json"
+    model = DecoderForCausalLM(config, json.loads(generation.read_text()) if generation.is_file() else None)
+    weights: dict[str, torch.Tensor] = {}
+    for file in files:
+        weights.update(load_file(str(file)))
+    if config.tie_word_embeddings:
+        weights.pop("lm_head.weight", None)
+    expected = {name for name, _ in model.named_parameters()}
+    missing, unexpected = sorted(expected - set(weights)), sorted(set(weights) - expected)
+    if missing or unexpected:
+        raise ValueError(f"{model_dir}: weights do not fit a {config.model_type} model: missing {missing[:3]}, "
+                         f"unexpected {unexpected[:3]}")
+    with torch.no_grad():
+        for name, param in model.named_parameters():  # a tied lm_head is the embedding's parameter
+            param.data = weights[name].to(torch.float32)
+    return model
