@@ -16,7 +16,7 @@ Then the 16-way burst once more while ``/health`` and ``/metrics`` are polled ev
 server answers them under load (the autoscaler and the health checks depend on it).
 
     python benchmarks/engine_throughput.py [--model-path DIR] [--threads N] [--requests 64]
-                                           [--max-new-tokens 64] [--out FILE]
+                                           [--max-new-tokens 64] [--model-impl auto] [--out FILE]
 
 Without ``--model-path`` the tiny preset is built and used; ``relax preset smollm2 --out DIR`` gives a
 real 135M model (``--model-path DIR/model``).
@@ -130,6 +130,8 @@ def main() -> None:
                         help="torch threads for the engine and for transformers alike (default: every core)")
     parser.add_argument("--requests", type=int, default=64, help="requests of the 16-way burst")
     parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--model-impl", default="auto", choices=["auto", "native", "transformers"],
+                        help="which model code the engine serves with (relax engine serve --model-impl)")
     parser.add_argument("--out", default="benchmarks/results/engine_throughput.json")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="relax-bench-") as tmp:
@@ -146,7 +148,8 @@ def main() -> None:
         prompt = tok.apply_chat_template([{"role": "user", "content": PROMPT}], tokenize=False,
                                          add_generation_prompt=True)
         spec = builtin_spec(model_dir, "127.0.0.1", free_port(), str(Path(tmp) / "engine.log"),
-                            options=BuiltinOptions(max_running_requests=64, num_threads=args.threads),
+                            options=BuiltinOptions(max_running_requests=64, num_threads=args.threads,
+                                                   model_impl=args.model_impl),
                             name="bench-engine")
         server = ServerProcess(spec)
         server.start()
@@ -160,7 +163,7 @@ def main() -> None:
     steps_per_s = engine16 / 16  # the burst keeps 16 rows running: one decode step yields 16 tokens
     report = {
         "benchmark": "engine_throughput", "model": model_name, "max_new_tokens": args.max_new_tokens,
-        "threads": args.threads, "machine": machine(),
+        "threads": args.threads, "model_impl": args.model_impl, "machine": machine(),
         "concurrency": {k: results[k] for k in ("1", "16")},
         "hf_generate": hf,
         "speedup_16_vs_1": round(engine16 / results["1"]["tokens_per_second"], 2),

@@ -197,9 +197,16 @@ class Attention(nn.Module):
         k = k * cos + _rotate_half(k) * sin
         k, v = cache.update(self.index, k, v)
         groups = self.heads // self.kv_heads
+        scale = self.head_dim**-0.5
+        if groups > 1 and length == 1:
+            # a decode step: the query heads of one key-value head become that head's rows of queries, so the
+            # cache is read as it is instead of copied ``groups`` times per layer and step (transformers' trick)
+            q = q.reshape(batch, self.kv_heads, groups, self.head_dim)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+            return self.o_proj(out.reshape(batch, 1, -1))
         if groups > 1:
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.head_dim**-0.5)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
         return self.o_proj(out.transpose(1, 2).reshape(batch, length, -1))
 
 
