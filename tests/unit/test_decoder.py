@@ -61,10 +61,10 @@ def llama_checkpoint(root: Path, **overrides) -> Path:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=64, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
-                         num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=128,
-                         attention_bias=True, mlp_bias=True, tie_word_embeddings=False, rope_theta=500.0,
-                         **overrides)
+    config = LlamaConfig(**{**dict(vocab_size=64, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+                                   num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=128,
+                                   attention_bias=True, mlp_bias=True, tie_word_embeddings=False, rope_theta=500.0),
+                            **overrides})
     model = LlamaForCausalLM(config)
     for param in model.parameters():  # larger than the init's, so that a wrong op shows in the logits
         torch.nn.init.normal_(param, std=0.3)
@@ -89,7 +89,11 @@ def test_architectures_it_does_not_implement_exactly_are_served_by_transformers(
     for change in ({"model_type": "mistral"}, {"hidden_act": "gelu"}, {"use_sliding_window": True},
                    {"layer_types": ["sliding_attention", "full_attention"]},
                    {"quantization_config": {"quant_method": "fp8"}}, {"rope_scaling": None,
-                    "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}}):
+                    "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}},
+                   # transformers reads rope_scaling before rope_parameters
+                   {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4},
+                    "rope_scaling": {"rope_type": "linear", "factor": 2.0}},
+                   {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e6}}}):
         assert native_config({**base, "rope_scaling": None, "rope_parameters": None, **change}) is None, change
     assert native_config({**base, "rope_scaling": None, "rope_parameters": None}) is not None
 
@@ -133,3 +137,44 @@ def test_model_impl_picks_the_implementation_and_native_refuses_what_it_cannot_s
     assert done.returncode == 2, err
     assert "--model-impl native cannot serve" in err and "use --model-impl auto or transformers" in err
     assert "Traceback" not in err
+
+
+def test_config_defaults_are_transformers_defaults(tiny_preset) -> None:
+    raw = json.loads((tiny_preset.model_dir / "config.json").read_text())
+    trimmed = {k: v for k, v in raw.items() if k not in ("head_dim", "max_position_embeddings")}
+    config = native_config(trimmed)
+    assert (config.head_dim, config.max_position_embeddings) == (128, 32768)  # Qwen3Config's defaults
+    assert not native_config({**raw, "mlp_bias": True}).mlp_bias  # Qwen3's MLP has no biases whatever it says
+
+
+def test_a_distinct_lm_head_is_kept_untied_as_transformers_keeps_it(tmp_path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    model_dir = llama_checkpoint(tmp_path / "tied", tie_word_embeddings=True)
+    weights = load_file(str(model_dir / "model.safetensors"))
+    weights["lm_head.weight"] = torch.randn_like(weights["model.embed_tokens.weight"])
+    save_file(weights, str(model_dir / "model.safetensors"), metadata={"format": "pt"})
+    native = load_model(model_dir, CPU)
+    assert isinstance(native, DecoderForCausalLM)
+    assert native.lm_head.weight is not native.model.embed_tokens.weight
+    assert_same_logits(native, transformers_model(model_dir))
+
+
+def test_weights_auto_cannot_load_natively_go_to_transformers_and_native_refuses_them(tmp_path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    model_dir = llama_checkpoint(tmp_path / "extra")
+    weights = load_file(str(model_dir / "model.safetensors"))
+    weights["model.layers.0.self_attn.rotary_emb.inv_freq"] = torch.ones(4)  # an old checkpoint's leftover
+    save_file(weights, str(model_dir / "model.safetensors"), metadata={"format": "pt"})
+    assert not isinstance(load_model(model_dir, CPU), DecoderForCausalLM)
+    with pytest.raises(ModelImplError, match="unexpected"):
+        load_model(model_dir, CPU, ModelImpl.NATIVE)
+
+
+def test_weights_of_the_wrong_shape_are_refused_by_name(tmp_path: Path) -> None:
+    model_dir = llama_checkpoint(tmp_path / "shape")
+    raw = json.loads((model_dir / "config.json").read_text())
+    config = native_config({**raw, "intermediate_size": 80})
+    with pytest.raises(ValueError, match=r"layers.0.mlp.gate_proj.weight \(96, 48\) != \(80, 48\)"):
+        load_decoder(model_dir, config)

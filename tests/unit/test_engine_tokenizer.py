@@ -36,7 +36,9 @@ def test_the_smollm2_tokenizer_matches_autotokenizer(smollm2_preset) -> None:
 
 
 @pytest.mark.parametrize("change", [{"add_bos_token": True}, {"clean_up_tokenization_spaces": True},
-                                    {"eos_token": "<|not-in-the-file|>"}, "no tokenizer.json"])
+                                    {"eos_token": "<|not-in-the-file|>"}, {"add_prefix_space": False},
+                                    {"tokenizer_class": "GPT2Tokenizer"}, "padding in tokenizer.json",
+                                    "no tokenizer.json"])
 def test_configs_transformers_would_reinterpret_use_autotokenizer(tiny_preset, tmp_path: Path, change) -> None:
     model_dir = tmp_path / "model"
     shutil.copytree(tiny_preset.model_dir, model_dir)
@@ -45,6 +47,13 @@ def test_configs_transformers_would_reinterpret_use_autotokenizer(tiny_preset, t
         (model_dir / "tokenizer.json").unlink()
         assert file_tokenizer(model_dir) is None
         return
+    if change == "padding in tokenizer.json":  # AutoTokenizer turns it off per call; the file would pad always
+        from tokenizers import Tokenizer
+
+        backend = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        backend.enable_padding(length=64)
+        backend.save(str(model_dir / "tokenizer.json"))
+        change = {}
     config = json.loads((model_dir / "tokenizer_config.json").read_text())
     (model_dir / "tokenizer_config.json").write_text(json.dumps({**config, **change}))
     assert file_tokenizer(model_dir) is None

@@ -18,7 +18,7 @@ SDPA attention), so the engine's log-probs equal the trainer's to float rounding
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -69,29 +69,44 @@ def not_native(raw: dict[str, Any]) -> str | None:
         return "it uses sliding-window attention"
     if raw.get("pretraining_tp", 1) != 1:
         return "pretraining_tp is not 1"
-    rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    rope = _rope(raw)
+    if any(isinstance(value, dict) for value in rope.values()):
+        return f"its RoPE parameters differ by layer type ({rope})"
     if rope.get("rope_type", rope.get("type", "default")) != "default" or rope.get("partial_rotary_factor", 1) != 1:
         return f"its RoPE is scaled or partial ({rope})"
     return None
+
+
+def _rope(raw: dict[str, Any]) -> dict[str, Any]:
+    """The RoPE settings transformers uses: ``rope_scaling`` first, then ``rope_parameters``."""
+    rope = raw.get("rope_scaling") or raw.get("rope_parameters") or {}
+    return rope if isinstance(rope, dict) else {"rope_type": repr(rope)}
+
+
+# transformers' config defaults where a config.json leaves a field out
+_DEFAULTS = {"qwen3": {"head_dim": 128, "max_position_embeddings": 32768, "eos_token_id": None},
+             "llama": {"head_dim": None, "max_position_embeddings": 2048, "eos_token_id": 2}}
 
 
 def native_config(raw: dict[str, Any]) -> DecoderConfig | None:
     """The config of a checkpoint this module serves exactly, or None (then transformers serves it)."""
     if not_native(raw) is not None:
         return None
-    rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
-    theta = rope.get("rope_theta", raw.get("rope_theta", 10000.0))
+    theta = _rope(raw).get("rope_theta", raw.get("rope_theta", 10000.0))
     heads = int(raw["num_attention_heads"])
+    defaults = _DEFAULTS[raw["model_type"]]
     return DecoderConfig(
         model_type=raw["model_type"], vocab_size=int(raw["vocab_size"]), hidden_size=int(raw["hidden_size"]),
         intermediate_size=int(raw["intermediate_size"]), num_hidden_layers=int(raw["num_hidden_layers"]),
         num_attention_heads=heads, num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
-        head_dim=int(raw.get("head_dim") or int(raw["hidden_size"]) // heads),
+        head_dim=int(raw.get("head_dim") or defaults["head_dim"] or int(raw["hidden_size"]) // heads),
         rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)), rope_theta=float(theta),
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-        attention_bias=bool(raw.get("attention_bias", False)), mlp_bias=bool(raw.get("mlp_bias", False)),
-        max_position_embeddings=int(raw.get("max_position_embeddings", 1 << 30)),
-        architectures=tuple(raw.get("architectures") or ()), eos_token_id=raw.get("eos_token_id"),
+        attention_bias=bool(raw.get("attention_bias", False)),
+        mlp_bias=raw["model_type"] == "llama" and bool(raw.get("mlp_bias", False)),  # Qwen3's MLP has no biases
+        max_position_embeddings=int(raw.get("max_position_embeddings") or defaults["max_position_embeddings"]),
+        architectures=tuple(raw.get("architectures") or ()),
+        eos_token_id=raw.get("eos_token_id", defaults["eos_token_id"]),
     )
 
 
@@ -286,26 +301,42 @@ class DecoderForCausalLM(nn.Module):
         return Output(logits=self.lm_head(x[:, -logits_to_keep:, :] if logits_to_keep else x))
 
 
+def _weight_files(model_dir: Path) -> list[Path]:
+    """The files transformers would read: those of the index's weight map, else ``model.safetensors``."""
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        return [model_dir / name for name in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+    single = model_dir / "model.safetensors"
+    if single.is_file():
+        return [single]
+    raise FileNotFoundError(f"{model_dir} has neither model.safetensors nor model.safetensors.index.json")
+
+
 def load_decoder(model_dir: Path, config: DecoderConfig) -> DecoderForCausalLM:
-    """The checkpoint's weights (every ``*.safetensors`` file) in a native decoder, fp32; names must match."""
+    """The checkpoint's weights in a native decoder, fp32; names and shapes must match (else ValueError)."""
     from safetensors.torch import load_file
 
-    files = sorted(model_dir.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"{model_dir} has no *.safetensors weights")
-    generation = model_dir / "generation_config.json"
-    model = DecoderForCausalLM(config, json.loads(generation.read_text()) if generation.is_file() else None)
     weights: dict[str, torch.Tensor] = {}
-    for file in files:
+    for file in _weight_files(model_dir):
         weights.update(load_file(str(file)))
+    embed, head = weights.get("model.embed_tokens.weight"), weights.get("lm_head.weight")
+    if config.tie_word_embeddings and head is not None and embed is not None and not torch.equal(head, embed):
+        config = replace(config, tie_word_embeddings=False)  # transformers does not tie distinct tensors either
     if config.tie_word_embeddings:
         weights.pop("lm_head.weight", None)
-    expected = {name for name, _ in model.named_parameters()}
-    missing, unexpected = sorted(expected - set(weights)), sorted(set(weights) - expected)
+    generation = model_dir / "generation_config.json"
+    model = DecoderForCausalLM(config, json.loads(generation.read_text()) if generation.is_file() else None)
+    expected = dict(model.named_parameters())
+    missing, unexpected = sorted(set(expected) - set(weights)), sorted(set(weights) - set(expected))
     if missing or unexpected:
         raise ValueError(f"{model_dir}: weights do not fit a {config.model_type} model: missing {missing[:3]}, "
                          f"unexpected {unexpected[:3]}")
+    misshapen = [f"{name} {tuple(weights[name].shape)} != {tuple(p.shape)}" for name, p in expected.items()
+                 if weights[name].shape != p.shape]
+    if misshapen:
+        raise ValueError(f"{model_dir}: weights do not fit its config.json: {misshapen[:3]}")
     with torch.no_grad():
-        for name, param in model.named_parameters():  # a tied lm_head is the embedding's parameter
-            param.data = weights[name].to(torch.float32)
+        for name, param in expected.items():  # a tied lm_head is the embedding's parameter
+            # a copy: an fp32 tensor would otherwise stay a view of the file's memory map
+            param.data = weights[name].to(torch.float32, copy=True)
     return model

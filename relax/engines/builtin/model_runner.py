@@ -12,6 +12,7 @@ continuous batching beats a static batch. Only weight changes and retracts re-en
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
@@ -22,6 +23,8 @@ import torch
 import torch.nn.functional as F
 
 from relax.engines.builtin.decoder import load_decoder, native_config, not_native
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -63,9 +66,15 @@ def load_model(model_path: str | Path, device: torch.device, impl: ModelImpl = M
     if impl is ModelImpl.NATIVE and config is None:
         raise ModelImplError(f"--model-impl native cannot serve {model_dir}: {not_native(raw)}; "
                          "use --model-impl auto or transformers")
+    model = None
     if config is not None:
-        model = load_decoder(model_dir, config)
-    else:
+        try:
+            model = load_decoder(model_dir, config)
+        except (ValueError, FileNotFoundError) as exc:
+            if impl is ModelImpl.NATIVE:
+                raise ModelImplError(f"--model-impl native cannot serve {model_dir}: {exc}") from None
+            log.warning("the built-in decoder cannot load %s (%s); serving it with transformers", model_dir, exc)
+    if model is None:
         from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)

@@ -26,7 +26,11 @@ class EngineTokenizer(Protocol):
 
 
 # tokenizer_config.json keys with which transformers rewrites or extends what tokenizer.json says
-_REWRITING_KEYS = ("add_bos_token", "add_eos_token", "split_special_tokens", "added_tokens_decoder")
+_REWRITING_KEYS = ("add_bos_token", "add_eos_token", "split_special_tokens", "added_tokens_decoder",
+                   "add_prefix_space", "legacy", "additional_special_tokens")
+# tokenizer classes that take tokenizer.json as it is; others (Qwen2Tokenizer, LlamaTokenizer, GPT2Tokenizer...)
+# rebuild its normalizer, pre-tokenizer and decoder in code and fill in default special tokens
+_FILE_AS_IS_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
 
 
 def _token_text(value: Any) -> str | None:
@@ -61,8 +65,12 @@ def file_tokenizer(model_dir: Path) -> FileTokenizer | None:
     config = json.loads(config_file.read_text())
     if any(key in config for key in _REWRITING_KEYS) or config.get("clean_up_tokenization_spaces"):
         return None
+    if config.get("tokenizer_class") not in _FILE_AS_IS_CLASSES:
+        return None
     backend = Tokenizer.from_file(str(vocab))
     if backend.post_processor is None:  # transformers would install its own template
+        return None
+    if backend.padding is not None or backend.truncation is not None:  # transformers turns both off per call
         return None
     specials = {token.content for token in backend.get_added_tokens_decoder().values() if token.special}
     named = {key: _token_text(config.get(key)) for key in ("pad_token", "eos_token", "bos_token", "unk_token")}
