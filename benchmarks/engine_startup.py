@@ -5,7 +5,8 @@ test suite starts ~95 of them; what one costs before it can serve is wall time f
 the machine. Each round starts ``relax engine serve`` once per implementation (interleaved, so a machine that
 speeds up or slows down affects both alike) and records:
 
-- ``seconds_to_healthy``: from the process start until ``/health`` answers 200;
+- ``seconds_to_healthy``: from the launch (``ServerProcess``, as Relax starts engines) until the health
+  probe answers 200;
 - ``cpu_seconds``: the server process's user + system CPU at that moment (from ``/proc``);
 - one greedy ``/generate`` afterwards, whose tokens must be the same for both implementations.
 
@@ -20,7 +21,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -29,7 +29,7 @@ import httpx
 from report import machine, save_report
 
 from relax.cluster.network import free_port
-from relax.engines.launcher import builtin_command
+from relax.engines.launcher import BuiltinOptions, ServerProcess, builtin_spec
 from relax.presets.tiny import build_tiny_preset
 
 IMPLS = ("transformers", "native")
@@ -42,41 +42,28 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _start_once(model_dir: str, impl: str, log_path: Path, timeout_s: float = 300) -> dict:
-    port = free_port()
-    argv = builtin_command(model_dir, "127.0.0.1", port, num_threads=1, model_impl=impl)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    with log_path.open("wb") as log:
-        began = time.perf_counter()
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
+def _children(pid: int) -> list[int]:
+    return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def _start_once(model_dir: str, impl: str, log_path: Path) -> dict:
+    """One start through the launcher Relax uses (the guard, then the server), to a healthy server."""
+    options = BuiltinOptions(num_threads=1, model_impl=impl)
+    server = ServerProcess(builtin_spec(model_dir, "127.0.0.1", free_port(), str(log_path), options=options,
+                                        name=f"startup-{impl}"))
+    began = time.perf_counter()
+    server.start()
     try:
-        with httpx.Client(base_url=url, timeout=5, trust_env=False) as http:
-            deadline = began + timeout_s
-            while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"{impl} engine exited with {proc.returncode}: {log_path.read_text()[-2000:]}")
-                try:
-                    if http.get("/health").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                if time.perf_counter() > deadline:
-                    raise TimeoutError(f"{impl} engine not healthy in {timeout_s} s; log {log_path}")
-                time.sleep(0.05)
-            healthy_s = time.perf_counter() - began
-            cpu_s = _cpu_seconds(proc.pid)
+        server.wait_healthy(timeout=300, poll_interval=0.05)
+        healthy_s = time.perf_counter() - began
+        cpu_s = sum(_cpu_seconds(pid) for pid in _children(server.pid))  # the server, not its guard
+        with httpx.Client(base_url=server.url, timeout=60, trust_env=False) as http:
             out = http.post("/generate", json={"input_ids": PROMPT_IDS, "sampling_params": {
-                "temperature": 0, "max_new_tokens": 16, "ignore_eos": True}}, timeout=60)
+                "temperature": 0, "max_new_tokens": 16, "ignore_eos": True}})
             out.raise_for_status()
-            served_by = http.get("/get_server_info").json()["served_by"]
+            served_by = http.get("/server_info").json()["served_by"]
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        server.stop(grace_s=30)
     return {"seconds_to_healthy": round(healthy_s, 3), "cpu_seconds": round(cpu_s, 3), "served_by": served_by,
             "output_ids": out.json()["output_ids"]}
 

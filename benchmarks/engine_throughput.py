@@ -35,6 +35,7 @@ import httpx
 from report import machine, save_report
 
 from relax.cluster.network import free_port
+from relax.engines.builtin.model_impl import MODEL_IMPL_CHOICES
 from relax.engines.launcher import BuiltinOptions, ServerProcess, builtin_spec
 from relax.engines.loadgen import run_burst
 from relax.presets.tiny import build_tiny_preset
@@ -130,7 +131,7 @@ def main() -> None:
                         help="torch threads for the engine and for transformers alike (default: every core)")
     parser.add_argument("--requests", type=int, default=64, help="requests of the 16-way burst")
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--model-impl", default="auto", choices=["auto", "native", "transformers"],
+    parser.add_argument("--model-impl", default="auto", choices=MODEL_IMPL_CHOICES,
                         help="which model code the engine serves with (relax engine serve --model-impl)")
     parser.add_argument("--out", default="benchmarks/results/engine_throughput.json")
     args = parser.parse_args()

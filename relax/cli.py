@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from relax import argtypes
+from relax.engines.builtin.model_impl import MODEL_IMPL_CHOICES
 
 
 def _cmd_preset(args: argparse.Namespace) -> int:
@@ -36,7 +37,7 @@ def _cmd_preset_smollm2(args: argparse.Namespace) -> int:
 def _cmd_engine_serve(args: argparse.Namespace) -> int:
     import os
 
-    from relax.engines.builtin.model_runner import ModelImpl
+    from relax.engines.builtin.model_impl import ModelImpl
     from relax.engines.builtin.server import ServerArgs, serve
     from relax.engines.launcher import ENGINE_API_KEY_ENV
 
@@ -90,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--num-threads", type=argtypes.positive_int, default=1, help="torch CPU threads")
     serve.add_argument("--seed", type=int, default=0, help="sampling seed")
     serve.add_argument("--served-model-name", default=None)
-    serve.add_argument("--model-impl", default="auto", choices=["auto", "native", "transformers"],
+    serve.add_argument("--model-impl", default="auto", choices=MODEL_IMPL_CHOICES,
                        help="auto: the built-in decoder where it implements the architecture exactly (Qwen3, "
                             "Llama), else transformers; native: refuse other architectures; transformers: always")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])

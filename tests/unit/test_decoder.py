@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from relax.engines.builtin.decoder import DecoderForCausalLM, load_decoder, native_config
-from relax.engines.builtin.model_runner import ModelImpl, ModelImplError, ModelRunner, load_model
+from relax.engines.builtin.model_impl import ModelImpl, ModelImplError
+from relax.engines.builtin.model_runner import ModelRunner, load_model
 
 CPU = torch.device("cpu")
 

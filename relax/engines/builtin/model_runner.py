@@ -15,7 +15,6 @@ import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from relax.engines.builtin.decoder import load_decoder, native_config, not_native
+from relax.engines.builtin.model_impl import ModelImpl, ModelImplError
 
 log = logging.getLogger(__name__)
 
@@ -40,45 +40,33 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-class ModelImpl(str, Enum):
-    """Which implementation serves the checkpoint (SGLang's ``--model-impl``, with its own model code as native).
-
-    ``auto`` serves natively where ``decoder`` implements the architecture exactly and through transformers
-    otherwise; ``native`` refuses a checkpoint it cannot serve exactly; ``transformers`` always uses
-    transformers' model and tokenizer (slower to start; the reference the native decoder is tested against).
-    """
-
-    AUTO = "auto"
-    NATIVE = "native"
-    TRANSFORMERS = "transformers"
-
-
-class ModelImplError(ValueError):
-    """``--model-impl native`` asked for a checkpoint the native decoder does not implement exactly."""
-
-
 def load_model(model_path: str | Path, device: torch.device, impl: ModelImpl = ModelImpl.AUTO) -> torch.nn.Module:
     """The checkpoint in fp32 on ``device``: natively where ``decoder`` implements its architecture exactly
     (Qwen3, Llama), else through transformers (any other architecture, at a few CPU-seconds more start-up)."""
     model_dir = Path(model_path)
-    raw = json.loads((model_dir / "config.json").read_text())
-    config = native_config(raw) if impl is not ModelImpl.TRANSFORMERS else None
-    if impl is ModelImpl.NATIVE and config is None:
-        raise ModelImplError(f"--model-impl native cannot serve {model_dir}: {not_native(raw)}; "
-                         "use --model-impl auto or transformers")
-    model = None
-    if config is not None:
-        try:
-            model = load_decoder(model_dir, config)
-        except (ValueError, FileNotFoundError) as exc:
-            if impl is ModelImpl.NATIVE:
-                raise ModelImplError(f"--model-impl native cannot serve {model_dir}: {exc}") from None
-            log.warning("the built-in decoder cannot load %s (%s); serving it with transformers", model_dir, exc)
+    model = None if impl is ModelImpl.TRANSFORMERS else _load_native(model_dir, impl)
     if model is None:
         from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
     return model.to(device).eval()
+
+
+def _load_native(model_dir: Path, impl: ModelImpl) -> torch.nn.Module | None:
+    """The checkpoint in the native decoder, or None where transformers must serve it (``native``: refused)."""
+    raw = json.loads((model_dir / "config.json").read_text())
+    config = native_config(raw)
+    try:
+        if config is None:
+            raise ValueError(not_native(raw))
+        return load_decoder(model_dir, config)
+    except (ValueError, FileNotFoundError) as exc:
+        if impl is ModelImpl.NATIVE:
+            raise ModelImplError(f"--model-impl native cannot serve {model_dir}: {exc}; "
+                                 "use --model-impl auto or transformers") from None
+        if config is not None:  # an architecture it implements, in files it cannot read as they are
+            log.warning("the built-in decoder cannot load %s (%s); serving it with transformers", model_dir, exc)
+        return None
 
 
 def _new_cache(model: torch.nn.Module) -> Any:

@@ -29,7 +29,8 @@ from relax import __version__
 from relax.engines.builtin.decoder import DecoderForCausalLM
 from relax.engines.builtin.engine import DuplicateRequestId, Engine, PauseMode
 from relax.engines.builtin.metrics import EngineMetrics
-from relax.engines.builtin.model_runner import ModelImpl, ModelImplError, ModelRunner, load_model, resolve_device
+from relax.engines.builtin.model_impl import ModelImpl, ModelImplError
+from relax.engines.builtin.model_runner import ModelRunner, load_model, resolve_device
 from relax.engines.builtin.protocol import (
     AbortBody,
     GenerateBody,
@@ -120,10 +121,11 @@ class BuiltinServer:
         model_dir = _check_weights_dir(args.model_path)
         torch.set_num_threads(max(1, args.num_threads))
         self.device = resolve_device(args.device)
-        impl = ModelImpl(args.model_impl)
-        model = load_model(model_dir, self.device, impl)  # first: a checkpoint --model-impl refuses costs nothing
+        self.model_impl = ModelImpl(args.model_impl)
+        # the model first: a checkpoint that --model-impl refuses costs no tokenizer load
+        model = load_model(model_dir, self.device, self.model_impl)
         self.served_by = ModelImpl.NATIVE if isinstance(model, DecoderForCausalLM) else ModelImpl.TRANSFORMERS
-        self.tokenizer = load_tokenizer(model_dir, prefer_file=impl is not ModelImpl.TRANSFORMERS)
+        self.tokenizer = load_tokenizer(model_dir, prefer_file=self.model_impl is not ModelImpl.TRANSFORMERS)
         self.config = model.config
         self.model_name = args.served_model_name or model_dir.name
         self.max_context = int(getattr(model.config, "max_position_embeddings", 1 << 30))
@@ -273,8 +275,7 @@ class BuiltinServer:
 
     async def _load_weights(self, path: Path, body: UpdateWeightsBody) -> dict[str, Any]:
         try:
-            impl = ModelImpl(self.args.model_impl)
-            new_model = await asyncio.to_thread(load_model, path, torch.device("cpu"), impl)
+            new_model = await asyncio.to_thread(load_model, path, torch.device("cpu"), self.model_impl)
         except Exception as exc:
             log.warning("update_weights_from_disk could not load %s: %s: %s", path, type(exc).__name__, exc)
             raise ApiError(400, _not_loadable(body.model_path)) from None
@@ -460,10 +461,7 @@ def serve(args: ServerArgs) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         server = BuiltinServer(args)
-    except ApiError as exc:
-        print(f"relax engine serve: {exc.message}", file=sys.stderr)
-        return 2
-    except ModelImplError as exc:
+    except (ApiError, ModelImplError) as exc:
         print(f"relax engine serve: {exc}", file=sys.stderr)
         return 2
     app = create_app(server)
