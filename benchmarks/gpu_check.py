@@ -14,7 +14,8 @@ context cannot take the others down; the report says what each measured, or its 
    step reads per second.
 3. ``weight_transfer``: a "trainer" process (rank 0) sends its bf16 weights to an "engine" process (rank 1) in
    buckets laid out as SGLang's ``flattened_bucket`` load format (every tensor's bytes concatenated in name
-   order, in one uint8 buffer per bucket) with ``torch.distributed.broadcast`` over NCCL; timed beside a
+   order, in one uint8 buffer per bucket) over NCCL, on the weight-update group built as SGLang builds it
+   (``relax.cluster.weight_group``); timed beside a
    device-to-device copy of the same bytes, and verified by checksums. NCCL refuses two ranks on one GPU (it
    needs one GPU per rank): that outcome is reported as ``unsupported`` with NCCL's error, and the same buckets
    also go over CUDA IPC (``torch.multiprocessing``), which is how an engine colocated on the trainer's GPU
@@ -744,12 +745,18 @@ def broadcast_worker(rank: int, cfg: dict[str, Any], channels: tuple) -> dict[st
     """
     import torch.distributed as dist
 
+    from relax.cluster.weight_group import init_weight_group
+
     device = _device(cfg["device"])
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group(cfg["backend"], init_method=f"tcp://{LOOPBACK}:{cfg['port']}", rank=rank, world_size=2,
                             timeout=timedelta(seconds=cfg["dist_timeout_s"]),
                             device_id=device if device.type == "cuda" else None)
+    # the buckets travel over the weight-update group as Relax builds it for SGLang (rank 0 hosts its rendezvous
+    # on weight_port); the default group above only times the passes (its all-reduces keep the ranks in step)
+    group = init_weight_group("gpu-check-weights", LOOPBACK, cfg["weight_port"], rank, 2, cfg["backend"],
+                              cfg["dist_timeout_s"], device=device)
     try:
         weights = random_weights(ModelShape(**cfg["shape"]), device, seed=rank)
         layouts = plan_buckets(_specs(weights), cfg["bucket_bytes"])
@@ -763,7 +770,7 @@ def broadcast_worker(rank: int, cfg: dict[str, Any], channels: tuple) -> dict[st
         else:
             received = torch.empty(max(layout.nbytes for layout in layouts), dtype=torch.uint8, device=device)
             buffers = [received[: layout.nbytes] for layout in layouts]
-        dist.broadcast(buffers[0][: min(1 << 20, layouts[0].nbytes)], src=0)  # warm-up, untimed
+        group.broadcast(buffers[0][: min(1 << 20, layouts[0].nbytes)])  # warm-up, untimed
         pipeline_s, broadcast_s = [], []
         for _ in range(cfg["repeats"]):
             _rendezvous(device)
@@ -771,7 +778,7 @@ def broadcast_worker(rank: int, cfg: dict[str, Any], channels: tuple) -> dict[st
             for layout, buffer in zip(layouts, buffers, strict=True):
                 if rank == 0:
                     pack_bucket(layout, weights, buffer)
-                dist.broadcast(buffer, src=0)
+                group.broadcast(buffer)
                 if rank == 1:
                     unpack_bucket(layout, buffer, weights)
             _synchronize(device)
@@ -781,7 +788,7 @@ def broadcast_worker(rank: int, cfg: dict[str, Any], channels: tuple) -> dict[st
             _rendezvous(device)
             began = time.perf_counter()
             for buffer in buffers:
-                dist.broadcast(buffer, src=0)
+                group.broadcast(buffer)
             _synchronize(device)
             broadcast_s.append(time.perf_counter() - began)
         _rendezvous(device)
@@ -789,6 +796,7 @@ def broadcast_worker(rank: int, cfg: dict[str, Any], channels: tuple) -> dict[st
                 "tensors": len(weights), "copy_s": copy_s, "pipeline_s": pipeline_s, "broadcast_s": broadcast_s,
                 "checksums_before": before, "checksums": after}
     finally:
+        group.close()
         dist.destroy_process_group()
 
 
@@ -912,7 +920,8 @@ def check_transfer(plan: Plan, env: dict[str, Any]) -> dict[str, Any]:
     """Check 3: the broadcast run, then the IPC run, each in two fresh processes (a refused or crashed NCCL
     communicator leaves nothing behind for the IPC run)."""
     cfg = {**env, "shape": asdict(plan.model), "bucket_bytes": plan.bucket_bytes, "repeats": plan.transfer_repeats}
-    runs = run_ranks(broadcast_worker, {**cfg, "port": _free_port()}, 2, plan.transfer_timeout_s)
+    ports = {"port": _free_port(), "weight_port": _free_port()}
+    runs = run_ranks(broadcast_worker, {**cfg, **ports}, 2, plan.transfer_timeout_s)
     broadcast = summarize_broadcast(runs, env["backend"])
     ipc = summarize_ipc(run_ranks(ipc_worker, cfg, 2, plan.transfer_timeout_s))
     statuses = {broadcast["status"], ipc["status"]}

