@@ -53,8 +53,6 @@ from relax.rollout.api import status_of  # noqa: E402
 from relax.rollout.generator import SamplingSettings  # noqa: E402
 from relax.rollout.manager import ManagerConfig, RolloutManager  # noqa: E402
 from relax.rollout.scaling import ScaleInSpec, ScaleOutSpec  # noqa: E402
-from relax.training.publication import WeightManifest
-from relax.training.weights import make_buckets  # noqa: E402
 
 PHASES = ("placement_wait_s", "start_s", "health_s", "weight_sync_s", "total_s")
 ENDED = ("ACTIVE", "PARTIAL", "FAILED", "CANCELLED", "COMPLETED")
@@ -95,21 +93,20 @@ def _publish_v1(manager: Any, model_dir: Path) -> dict:
     """Version 1 = the model's own weights, published the way the trainer does (object store buckets)."""
     from safetensors.torch import load_file
 
-    state = load_file(str(model_dir / "model.safetensors"))
-    buckets = make_buckets(state)
-    refs = [ray.put(b) for b in buckets]
-    manifest = WeightManifest.from_buckets(1, buckets)
+    from relax.training.publisher import publish_state
+
     began = time.monotonic()
-    ray.get(manager.publish_weights.remote(1, refs, manifest), timeout=60)
+    publication = publish_state(manager, 1, load_file(str(model_dir / "model.safetensors")))
+    ray.get(publication.registered, timeout=60)
     if not ray.get(manager.wait_weights.remote(1, 120.0), timeout=150):
         raise RuntimeError("the initial engine did not load weight version 1")
     return {
         "version": 1,
-        "buckets": len(buckets),
-        "tensors": manifest.num_tensors,
-        "bytes": manifest.total_bytes,
+        "buckets": len(publication.manifest.bucket_sizes),
+        "tensors": publication.manifest.num_tensors,
+        "bytes": publication.nbytes,
         "initial_engine_sync_s": round(time.monotonic() - began, 3),
-        "_refs": refs,
+        "_refs": publication.bucket_refs,
     }
 
 

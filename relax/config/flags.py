@@ -20,6 +20,7 @@ from typing import IO, NoReturn
 
 from relax import argtypes
 from relax.config.megatron import COMPAT_FLAGS, Arity, ignored_options, ignored_warning, mapped_settings
+from relax.config.pause_mode import PauseMode
 
 PROG = "python -m relax.entrypoints.train"
 SGLANG_PASSTHROUGH_PREFIX = "--sglang-"
@@ -48,15 +49,6 @@ class RewardType(str, Enum):
     LAST_NUMBER = "last-number"  # the smollm2 preset's task: the last number of the reply, +1/0
 
 
-class WeightSyncPauseMode(str, Enum):
-    """How an engine is paused around each weight load (SGLang's /pause_generation modes, or none)."""
-
-    RETRACT = "retract"  # running requests re-encode on the new weights: no old KV cache mixed with new tokens
-    IN_PLACE = "in_place"  # keep the old KV cache (cheaper; the tokens after the load attend to old-weight KV)
-    ABORT = "abort"  # end in-flight requests; the router retries them from scratch
-    NONE = "none"  # load unpaused: SGLang then waits for every in-flight request and blocks new ones
-
-
 class UnfinishedRequests(str, Enum):
     """What happens to a request still running on an engine that leaves once its drain budget is spent."""
 
@@ -64,7 +56,7 @@ class UnfinishedRequests(str, Enum):
     RETRY = "retry"  # abort it and generate it again from the prompt elsewhere
 
 
-class WeightSync(str, Enum):
+class WeightSyncPath(str, Enum):
     """How a new version reaches the engines (docs/architecture.md, "Weights and staleness")."""
 
     BROADCAST = "broadcast"  # SGLang's distributed update: rank 0 broadcasts buckets over gloo/NCCL, one group each
@@ -145,8 +137,8 @@ class TrainArgs:
     rollout_backend: str = "auto"
     engine_host: str = "auto"
     sglang_passthrough: tuple[tuple[str, tuple[str, ...]], ...] = ()
-    weight_sync_pause_mode: WeightSyncPauseMode = WeightSyncPauseMode.RETRACT
-    weight_sync: WeightSync = WeightSync.BROADCAST
+    weight_sync_pause_mode: PauseMode = PauseMode.RETRACT
+    weight_sync: WeightSyncPath = WeightSyncPath.BROADCAST
     weight_broadcast_timeout: float = 60.0
     update_weight_buffer_size: int = 512 * 2**20
     # Training
@@ -371,13 +363,13 @@ def _add_rollout_flags(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--engine-host", default="auto", metavar="HOST",
                        help="address engines bind: auto (loopback on one machine, the node IP across nodes), "
                             "node, or an explicit IP")
-    group.add_argument("--weight-sync-pause-mode", type=argtypes.enum_type(WeightSyncPauseMode),
-                       default=WeightSyncPauseMode.RETRACT, metavar=argtypes.choices_metavar(WeightSyncPauseMode),
+    group.add_argument("--weight-sync-pause-mode", type=argtypes.enum_type(PauseMode),
+                       default=PauseMode.RETRACT, metavar=argtypes.choices_metavar(PauseMode),
                        help="how each engine pauses around a weight load: retract (default: in-flight requests "
                             "re-encode on the new weights), in_place, abort, or none (SGLang then waits for "
                             "every in-flight request before loading)")
-    group.add_argument("--weight-sync", type=argtypes.enum_type(WeightSync), default=WeightSync.BROADCAST,
-                       metavar=argtypes.choices_metavar(WeightSync),
+    group.add_argument("--weight-sync", type=argtypes.enum_type(WeightSyncPath), default=WeightSyncPath.BROADCAST,
+                       metavar=argtypes.choices_metavar(WeightSyncPath),
                        help="how new weights reach the engines: broadcast (default: SGLang's distributed update "
                             "from trainer rank 0, gloo on CPU, NCCL on GPU) or object-store (Ray's object store and "
                             "a load from shared memory; for engines that cannot reach the trainer)")

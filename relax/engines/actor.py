@@ -45,6 +45,8 @@ import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from relax.cluster.network import LOCALHOST, free_port, node_ip
+from relax.config.pause_mode import PauseMode
+from relax.engines.client import EngineClient, PauseWindow
 from relax.engines.launcher import (
     BuiltinOptions,
     LaunchSpec,
@@ -53,6 +55,7 @@ from relax.engines.launcher import (
     builtin_spec,
 )
 from relax.engines.sglang import SGLangOptions, check_sglang_version, sglang_spec
+from relax.engines.weight_load import CONTROL_TIMEOUT_S, load_from_disk
 from relax.logs import setup_logging
 
 logger = logging.getLogger(__name__)
@@ -67,23 +70,6 @@ _PORT_RETRIES = 2
 
 
 #: How an engine is paused around a weight load (SGLang's /pause_generation modes), or "none".
-#: retract (default): running requests go back to the queue and re-encode on the new weights, so no token is
-#: computed from a KV cache of the old weights mixed with new ones; in_place keeps that cache (cheaper, mixes);
-#: abort ends in-flight requests (the router retries them); none loads unpaused (SGLang then waits for every
-#: in-flight request first and blocks new ones).
-PAUSE_MODES = ("retract", "in_place", "abort", "none")
-#: Control calls (pause, continue) answer at once on a healthy engine.
-CONTROL_TIMEOUT_S = 60.0
-#: A load may take this long plus the time to read its bytes at the slowest rate we accept.
-LOAD_BASE_S = 120.0
-LOAD_MIN_BYTES_PER_S = 100e6
-
-
-def load_timeout_s(nbytes: int) -> float:
-    """Time budget of one weight load: grows with the bytes (8 GB of Qwen3-4B bf16 -> 200 s; 0.5 GB -> 125 s)."""
-    return LOAD_BASE_S + max(0, nbytes) / LOAD_MIN_BYTES_PER_S
-
-
 def copy_checkpoint_extras(src_dir: str | Path, dst_dir: str | Path) -> list[str]:
     """Copy every file of a checkpoint that is not a weight file (tokenizer, chat template, ...) if missing.
 
@@ -100,9 +86,10 @@ def copy_checkpoint_extras(src_dir: str | Path, dst_dir: str | Path) -> list[str
     return copied
 
 
-def _check(response: Any, engine_id: str, what: str) -> None:
-    if response.status_code != 200:
-        raise RuntimeError(f"{engine_id}: {what} failed: HTTP {response.status_code} {response.text[:300]}")
+async def _load_into(url: str, token: str | None, out_dir: Path, version: int, mode: PauseMode,
+                     nbytes: int) -> PauseWindow:
+    async with EngineClient(url, timeout=CONTROL_TIMEOUT_S, token=token) as client:
+        return await load_from_disk(client, out_dir, version, mode, nbytes=nbytes)
 
 
 def build_launch_spec(
@@ -328,22 +315,20 @@ class EngineActor:
 
     # -- queries ----------------------------------------------------------------------------------
 
-    def sync_weights(self, version: int, bucket_refs: list[Any], pause_mode: str = "retract") -> dict[str, Any]:
+    def sync_weights(self, version: int, bucket_refs: list[Any],
+                     pause_mode: PauseMode | str = PauseMode.RETRACT) -> dict[str, Any]:
         """Pull weight version `version` from the object store and load it into the server.
 
         (docs/architecture.md, "Weights and staleness".)
 
-        The buckets are written as safetensors under local shared memory on this node, then the engine is
-        paused (``pause_mode``), loads them with `/update_weights_from_disk` and continues: one path for
-        SGLang and the built-in engine. The pause is SGLang's rule, not a nicety: an unpaused SGLang server
-        takes a writer lock for the load that first waits for every in-flight generation (minutes at 8k-16k
-        tokens) and blocks new ones. ``pause_mode`` ``none`` loads unpaused (that stall included). Time
-        limits grow with the bytes moved. Returns timings for the publication metrics.
+        The buckets are written as safetensors under local shared memory on this node, then loaded with
+        ``relax.engines.weight_load.load_from_disk`` (paused with ``pause_mode``, the one bracket every weight
+        path uses): one path for SGLang and the built-in engine. Time limits grow with the bytes moved.
+        Returns timings for the publication metrics.
         """
         from relax.training.weights import cleanup_old, default_weights_root, materialize
 
-        if pause_mode not in PAUSE_MODES:
-            raise ValueError(f"pause_mode must be one of {', '.join(PAUSE_MODES)}, got {pause_mode!r}")
+        mode = PauseMode(pause_mode)
         if self._server is None or not self._server.alive:
             raise RuntimeError(f"{self.engine_id}: cannot sync weights, the server is not running")
         began = time.monotonic()
@@ -353,15 +338,18 @@ class EngineActor:
         root = default_weights_root(self.engine_id)
         out_dir = materialize(buckets, self.model_path, root / f"v{version}")
         written = time.monotonic()
-        paused_s = self._load_paused(out_dir, version, pause_mode, load_timeout_s(nbytes))
+        # asyncio.run on this pool thread: the actor stays a threaded one (an async method would make Ray run
+        # every method on one event loop, behind a load)
+        window = asyncio.run(_load_into(self._server.url, getattr(self.options, "api_key", None), out_dir, version,
+                                        mode, nbytes))
         loaded = time.monotonic()
         cleanup_old(root, keep=1)
         self.weight_version = version
         logger.info("%s: weights v%d loaded, %.1f MiB (pull %.2fs, write %.2fs, load %.2fs, paused %.2fs, mode %s)",
                     self.engine_id, version, nbytes / 2**20, pulled - began, written - pulled, loaded - written,
-                    paused_s, pause_mode)
+                    window.seconds, mode.value)
         return {"engine_id": self.engine_id, "version": version, "bytes": nbytes, "pull_s": pulled - began,
-                "write_s": written - pulled, "load_s": loaded - written, "paused_s": paused_s,
+                "write_s": written - pulled, "load_s": loaded - written, "paused_s": window.seconds,
                 "path": "object-store"}
 
     def _prepare_start_from(self, version: int, bucket_refs: list[Any]) -> None:
@@ -376,29 +364,6 @@ class EngineActor:
         self.weight_version = version
         logger.info("%s: starts from weights v%d (%s, prepared in %.2fs)", self.engine_id, version, out_dir,
                     time.monotonic() - began)
-
-    def _load_paused(self, out_dir: Path, version: int, pause_mode: str, timeout_s: float) -> float:
-        """pause -> /update_weights_from_disk -> continue (always continue); returns the seconds paused."""
-        import httpx
-
-        assert self._server is not None
-        with httpx.Client(base_url=self._server.url, timeout=CONTROL_TIMEOUT_S, trust_env=False,
-                          headers=self._auth_headers()) as http:
-            paused_at = time.monotonic()
-            if pause_mode != "none":
-                _check(http.post("/pause_generation", json={"mode": pause_mode}), self.engine_id, "pause_generation")
-            try:
-                response = http.post("/update_weights_from_disk", timeout=timeout_s,
-                                     json={"model_path": str(out_dir), "weight_version": str(version)})
-                _check(response, self.engine_id, f"update_weights_from_disk v{version}")
-            finally:
-                if pause_mode != "none":
-                    _check(http.post("/continue_generation", json={}), self.engine_id, "continue_generation")
-            return time.monotonic() - paused_at if pause_mode != "none" else 0.0
-
-    def _auth_headers(self) -> dict[str, str]:
-        token = getattr(self.options, "api_key", None)
-        return {"Authorization": f"Bearer {token}"} if token else {}
 
     def info(self) -> dict[str, Any] | None:
         """What ``start`` returned, or None before the engine is ready."""

@@ -14,12 +14,17 @@ Errors are typed so that callers can decide without parsing strings:
 
 from __future__ import annotations
 
+import contextlib
 import json
+import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
+
+from relax.config.pause_mode import PauseMode
 
 # Status codes that mean "this engine cannot serve right now", not "your request is wrong".
 _UNAVAILABLE_STATUS = frozenset({502, 503, 504})
@@ -169,6 +174,14 @@ def _server_message(response: Response) -> str:
     if len(text) > _MAX_BODY_IN_MESSAGE:
         text = text[:_MAX_BODY_IN_MESSAGE] + "..."
     return text or response.reason
+
+
+@dataclass
+class PauseWindow:
+    """What :meth:`EngineClient.paused` did: the mode, and how long the engine did not generate."""
+
+    mode: PauseMode
+    seconds: float = 0.0
 
 
 class EngineClient:
@@ -375,15 +388,34 @@ class EngineClient:
         """``POST /flush_cache``; SGLang answers 400 while requests are running (raised as EngineError)."""
         await self._request("POST", "/flush_cache")
 
-    async def pause_generation(self, mode: str = "abort") -> Any:
+    async def pause_generation(self, mode: PauseMode | str = PauseMode.ABORT, *,
+                               timeout: float | None = _UNSET) -> Any:
         """``POST /pause_generation`` with ``mode`` in abort | retract | in_place."""
-        if mode not in ("abort", "retract", "in_place"):
-            raise ValueError(f"pause mode must be abort, retract or in_place, got {mode!r}")
-        return await self._post_json("/pause_generation", {"mode": mode})
+        mode = PauseMode(mode)
+        if not mode.pauses:
+            raise ValueError(f"pause mode must be abort, retract or in_place, got {mode.value!r}")
+        return await self._post_json("/pause_generation", {"mode": mode.value}, timeout=timeout)
 
-    async def continue_generation(self) -> Any:
+    async def continue_generation(self, *, timeout: float | None = _UNSET) -> Any:
         """``POST /continue_generation``: resume after ``pause_generation``."""
-        return await self._post_json("/continue_generation", {})
+        return await self._post_json("/continue_generation", {}, timeout=timeout)
+
+    @contextlib.asynccontextmanager
+    async def paused(self, mode: PauseMode | str, *, timeout: float | None = _UNSET) -> AsyncIterator[PauseWindow]:
+        """Pause generation for a weight load and continue after it: the one bracket of every weight path.
+
+        ``none`` pauses nothing (the load then waits behind SGLang's writer lock for in-flight requests). When
+        the load raises, the engine is **left paused**: a failed load may have changed part of the model, and the
+        caller fails the engine rather than let it serve a mix of two versions. ``seconds`` is set on success.
+        """
+        window = PauseWindow(PauseMode(mode))
+        began = time.monotonic()
+        if window.mode.pauses:
+            await self.pause_generation(window.mode, timeout=timeout)
+        yield window
+        if window.mode.pauses:
+            await self.continue_generation(timeout=timeout)
+            window.seconds = time.monotonic() - began
 
     async def abort_request(self, rid: str | None = None, abort_all: bool = False) -> Any:
         """``POST /abort_request``: abort one request by ``rid``, or all of them."""

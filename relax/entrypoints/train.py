@@ -21,7 +21,7 @@ from typing import Any
 
 from relax.autoscaler.config import load_autoscaler_config
 from relax.config.checks import check_hf_checkpoint, check_port_free
-from relax.config.flags import ConfigError, TrainArgs, UnfinishedRequests, WeightSync, fail, parse_args_or_exit
+from relax.config.flags import ConfigError, TrainArgs, UnfinishedRequests, fail, parse_args_or_exit
 from relax.config.plan import Plan, build_plan, format_plan, validate_paths, validate_plan_against_cluster
 from relax.engines.sglang import engine_secret
 from relax.logs import setup_logging
@@ -146,7 +146,7 @@ class Driver:
             engine_host=a.engine_host,
             sglang_mem_fraction_static=a.sglang_mem_fraction_static,
             sglang_extra_args=tuple(a.sglang_extra_args),
-            weight_sync_pause_mode=a.weight_sync_pause_mode.value,
+            weight_sync_pause_mode=a.weight_sync_pause_mode,
             weight_broadcast_timeout_s=a.weight_broadcast_timeout,
             migrate_in_flight=a.scale_in_unfinished is UnfinishedRequests.MIGRATE,
             weight_broadcast_backend=self._broadcast_backend(),
@@ -240,36 +240,13 @@ class Driver:
 
     # ------------------------------------------------------------------ loop
     def _publish(self, version: int) -> float:
-        import ray
-
-        from relax.training.publication import WeightManifest
-        from relax.training.weights import make_buckets
-
-        began = time.monotonic()
-        dtype = self._publish_dtype()
-        if self.args.weight_sync is WeightSync.BROADCAST:  # the bytes stay in rank 0; engines receive them from it
-            manifest = self.trainer.hold_weights(
-                version, dtype=None if dtype is None else str(dtype).removeprefix("torch."),
-                backend=self._broadcast_backend(), bucket_bytes=self.args.update_weight_buffer_size)
-            self.manager.publish_weights.remote(version, [], manifest, self.trainer.sender)
-            return time.monotonic() - began
-        state = self.trainer.full_state_dict()
-        buckets = make_buckets(state, dtype=dtype)
-        refs = [ray.put(b) for b in buckets]
-        manifest = WeightManifest.from_buckets(version, buckets)
-        self.manager.publish_weights.remote(version, refs, manifest)
-        return time.monotonic() - began
-
-    def _publish_dtype(self) -> Any:
-        """bf16 for SGLang engines (they serve bf16 on GPU: half the bytes per publication); else unchanged.
-
-        The built-in engine runs fp32 on CPU, where the tests compare log-probs to 1e-4.
-        """
-        import torch
-
         from relax.rollout.launcher import resolve_backend
+        from relax.training.publisher import publication_dtype, publish
 
-        return torch.bfloat16 if resolve_backend(self.args.rollout_backend) == "sglang" else None
+        publication = publish(self.trainer, self.manager, version, self.args.weight_sync,
+                              dtype=publication_dtype(resolve_backend(self.args.rollout_backend)),
+                              backend=self._broadcast_backend(), bucket_bytes=self.args.update_weight_buffer_size)
+        return publication.gather_s
 
     def run(self) -> int:
         import ray

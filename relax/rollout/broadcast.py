@@ -10,6 +10,8 @@ The sequence for one engine and one version (SGLang 0.5.23's distributed protoco
    same time; the last bucket carries ``weight_version``; ``/end_weight_update``, ``/continue_generation``;
 3. when the engine leaves: ``/destroy_weights_update_group`` and rank 0 closes its side.
 
+:class:`BroadcastTransport` is this path behind the ``WeightTransport`` port (``rollout.weight_transport``).
+
 Every step has a deadline. An engine that dies or stops answering mid-broadcast fails its own update (and
 is then failed by the fleet, never resumed on half-loaded weights); the trainer's side of that group is
 abandoned and times out on its own thread, so neither training nor any other engine waits for it.
@@ -28,6 +30,8 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from relax.config.pause_mode import PauseMode
+from relax.rollout.weight_transport import VersionSuperseded
 from relax.training.flat_bucket import BucketSpec, specs_from_manifest
 from relax.training.publication import WEIGHTS_CONCURRENCY_GROUP, WeightManifest
 
@@ -108,14 +112,6 @@ class ThreadWeightSource:
         await asyncio.to_thread(self.sender.close, name)
 
 
-class VersionSuperseded(Exception):
-    """The trainer's rank 0 no longer holds the version: newer ones replaced it before this send began.
-
-    Raised before the engine is paused or sent anything, so the caller moves on to the newest version with
-    the engine and its group as they were.
-    """
-
-
 @dataclass(frozen=True)
 class BroadcastSettings:
     backend: str = "gloo"
@@ -168,7 +164,7 @@ async def close_group(group: EngineGroup, client: Any | None, timeout_s: float =
 
 
 async def send_version(engine_id: str, client: Any, group: EngineGroup, version: int, manifest: WeightManifest,
-                       pause_mode: str, timeout_s: float) -> dict[str, Any]:
+                       pause_mode: PauseMode, timeout_s: float) -> dict[str, Any]:
     """Pause, receive every bucket of ``version`` by broadcast, continue; returns the phase timings.
 
     On any failure the engine is left paused and the error raised: the caller fails the engine rather
@@ -180,27 +176,22 @@ async def send_version(engine_id: str, client: Any, group: EngineGroup, version:
     if not await asyncio.wait_for(group.source.acquire(version, lease_s), timeout_s):
         raise VersionSuperseded(f"weight version {version} is no longer held by the trainer's rank 0")
     try:
-        paused_at = time.monotonic()
-        if pause_mode != "none":
-            await asyncio.wait_for(client.pause_generation(pause_mode), timeout_s)
-        await asyncio.wait_for(client.begin_weight_update(), timeout_s)
-        transfer_began = time.monotonic()
-        sent = 0
-        for index, spec in enumerate(specs):
-            sent += await _one_bucket(client, group, version, index, spec, last=index == len(specs) - 1,
-                                      timeout_s=timeout_s)
-        transfer_s = time.monotonic() - transfer_began
-        await asyncio.wait_for(client.end_weight_update(), timeout_s)
-        if pause_mode != "none":
-            await asyncio.wait_for(client.continue_generation(), timeout_s)
-        paused_s = time.monotonic() - paused_at if pause_mode != "none" else 0.0
+        async with client.paused(pause_mode, timeout=timeout_s) as window:
+            await asyncio.wait_for(client.begin_weight_update(), timeout_s)
+            transfer_began = time.monotonic()
+            sent = 0
+            for index, spec in enumerate(specs):
+                sent += await _one_bucket(client, group, version, index, spec, last=index == len(specs) - 1,
+                                          timeout_s=timeout_s)
+            transfer_s = time.monotonic() - transfer_began
+            await asyncio.wait_for(client.end_weight_update(), timeout_s)
     finally:
         await _quietly(asyncio.wait_for(group.source.release(version), timeout_s))  # else its lease lapses
     log.info("%s: weights v%d by broadcast, %d buckets, %.1f MiB in %.2fs (paused %.2fs)", engine_id, version,
-             len(specs), sent / 2**20, transfer_s, paused_s)
+             len(specs), sent / 2**20, transfer_s, window.seconds)
     # receive and load are one step per bucket here (the engine copies each bucket as it arrives): load_s = transfer_s
-    return {"path": "broadcast", "transfer_s": transfer_s, "load_s": transfer_s, "paused_s": paused_s, "bytes": sent,
-            "buckets": len(specs)}
+    return {"path": "broadcast", "transfer_s": transfer_s, "load_s": transfer_s, "paused_s": window.seconds,
+            "bytes": sent, "buckets": len(specs)}
 
 
 async def _one_bucket(client: Any, group: EngineGroup, version: int, index: int, spec: BucketSpec, *, last: bool,
@@ -230,3 +221,43 @@ async def _quietly(awaitable: Any) -> None:
         await awaitable
     except Exception as exc:  # noqa: BLE001 - leaving a group that is already broken
         log.debug("closing a weight group: %s", exc)
+
+
+class BroadcastTransport:
+    """The broadcast path as a ``WeightTransport``: one weight group per engine, opened on its first version.
+
+    A version that comes from another sender than the engine's group (a restarted trainer) closes the old group
+    and opens a new one. A failed send closes the trainer's side (the engine is failed by the caller); a
+    superseded one leaves engine and group as they were.
+    """
+
+    def __init__(self, settings: BroadcastSettings, pause_mode: PauseMode) -> None:
+        self.settings = settings
+        self.pause_mode = pause_mode
+        self._groups: dict[str, EngineGroup] = {}
+
+    def group_of(self, engine_id: str) -> EngineGroup | None:
+        return self._groups.get(engine_id)
+
+    async def send(self, engine_id: str, client: Any, latest: Any) -> dict[str, Any]:
+        group = self._groups.get(engine_id)
+        if group is not None and group.source is not latest.sender:
+            await close_group(self._groups.pop(engine_id), client)
+            group = None
+        if group is None:
+            group = await open_group(engine_id, client, latest.sender, self.settings)
+            self._groups[engine_id] = group
+        try:
+            return await send_version(engine_id, client, group, latest.version, latest.manifest, self.pause_mode,
+                                      self.settings.timeout_s)
+        except VersionSuperseded:
+            raise  # nothing was sent: the engine and its group are as they were
+        except BaseException:
+            self._groups.pop(engine_id, None)
+            await close_group(group, None)  # the trainer's side; the engine is failed by the caller
+            raise
+
+    async def forget(self, engine_id: str, client: Any | None) -> None:
+        group = self._groups.pop(engine_id, None)
+        if group is not None:
+            await close_group(group, client)

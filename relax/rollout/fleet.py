@@ -1,9 +1,11 @@
-"""The engine fleet: bring engines up, keep them healthy and current, take them out without losing work.
+"""The engine fleet: the engine lifecycle — bring engines up, keep them healthy, take them out without losing work.
 
-This is the imperative shell around ``rollout.pool`` (engine states), ``rollout.router`` (who serves what,
-in-flight counts) and ``training.weights.WeightRegistry`` (published versions). Where an engine runs and
-how its process starts is the launcher's business (``rollout.launcher``), and talking to a running server
-goes through an HTTP client made by ``client_factory``; both are injected, so the fleet runs without Ray.
+This is the imperative shell around ``rollout.pool`` (engine states) and ``rollout.router`` (who serves what,
+in-flight counts). Where an engine runs and how its process starts is the launcher's business
+(``rollout.launcher``), and talking to a running server goes through an HTTP client made by
+``client_factory``; both are injected, so the fleet runs without Ray. Which weights an engine holds is the
+``WeightSync``'s (``rollout.weight_sync``), which the fleet composes: bring-up waits for an engine's first sync,
+a failed load comes back here as a failed engine, and a departing engine's transport state is released.
 
 Three guarantees are kept here, in one place each:
 
@@ -28,22 +30,18 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from relax.config.pause_mode import PauseMode
 from relax.engines.client import EngineClient, EngineError
 from relax.logs import failure_cause
-from relax.rollout.broadcast import (
-    BroadcastSettings,
-    EngineGroup,
-    VersionSuperseded,
-    close_group,
-    open_group,
-    send_version,
-)
+from relax.rollout.broadcast import BroadcastSettings
 from relax.rollout.events import EventKind, EventLog
 from relax.rollout.eviction import Eviction, EvictionSettings, plan_evictions
 from relax.rollout.joins import JoinLog
 from relax.rollout.launcher import EngineLauncher, EngineSlot
 from relax.rollout.pool import EngineKind, EnginePool, EngineState
 from relax.rollout.router import Router
+from relax.rollout.weight_sync import WeightSync, standard_transports
+from relax.rollout.weight_transport import TransportKind, WeightTransport
 from relax.training.publication import WeightRegistry
 
 log = logging.getLogger("relax.rollout")
@@ -102,8 +100,8 @@ class FleetSettings:
     health_timeout_s: float = 120.0
     drain_timeout_s: float = 30.0
     shutdown_timeout_s: float = 30.0
-    #: How an engine is paused around each weight load (relax.engines.actor.PAUSE_MODES).
-    weight_sync_pause_mode: str = "retract"
+    #: How an engine is paused around each weight load.
+    weight_sync_pause_mode: PauseMode = PauseMode.RETRACT
     #: Bearer token of the engines (SGLang's --api-key), sent on every call; never logged.
     engine_api_key: str | None = field(default=None, repr=False)
     #: Group backend and deadlines of broadcast weight updates (versions published with a sender).
@@ -127,6 +125,7 @@ class EngineFleet:
         client_factory: Callable[[str, float, str | None], EngineHTTP] | None = None,
         on_change: Callable[[], None] = lambda: None,
         drain_notices: Callable[[], Mapping[str, int] | None] | None = None,
+        transports: Mapping[TransportKind, WeightTransport] | None = None,
     ) -> None:
         self.pool = pool
         self.router = router
@@ -139,15 +138,16 @@ class EngineFleet:
         self.routable = asyncio.Event()
         self._slots: dict[str, EngineSlot] = {}
         self._clients: dict[str, EngineHTTP] = {}
-        self._sync_locks: dict[str, asyncio.Lock] = {}
-        self._groups: dict[str, EngineGroup] = {}  # per engine: its weight group with the trainer's rank 0
-        # per engine, set while it is not loading weights (a cleared one is paused or loading: not health-probed)
-        self._sync_idle: dict[str, asyncio.Event] = {}
-        self.last_syncs: dict[str, dict[str, Any]] = {}  # per engine: its last weight load's timings
+        # Weights: the fleet brings an engine up through its first sync, fails it when a load fails, and
+        # releases what its transport keeps for it; everything else about versions is the WeightSync's.
+        self.weight_sync = WeightSync(
+            pool, weights, transports or standard_transports(launcher, settings.model_path, settings.broadcast,
+                                                             settings.weight_sync_pause_mode),
+            self.client, on_failure=lambda eid, exc: self.on_engine_failure(eid, exc, confirmed=True),
+            on_change=on_change)
         self._drain_events: dict[str, asyncio.Event] = {}
         self._cancelled: set[str] = set()
         self._background: set[asyncio.Task[Any]] = set()
-        self._sync_task: asyncio.Task[None] | None = None
         self._health_task: asyncio.Task[None] | None = None
         self._drain_task: asyncio.Task[None] | None = None
         self._drain_notices = drain_notices
@@ -221,7 +221,7 @@ class EngineFleet:
             else:
                 self.pool.set_weight_version(engine_id, started_version)
             self.pool.transition(engine_id, EngineState.WEIGHT_SYNCING)
-            await self.sync_to_latest(engine_id)
+            await self.weight_sync.sync_to_latest(engine_id)
             self._check_cancelled(engine_id)
             self.pool.transition(engine_id, EngineState.ACTIVE)
         except BaseException as exc:
@@ -297,134 +297,9 @@ class EngineFleet:
         await self._release(engine_id, grace_s=5.0)
 
     # ------------------------------------------------------------------ weights
-    def publish(self) -> None:
-        """A new version was registered: bring every ACTIVE engine to it in the background."""
-        if self._sync_task is None or self._sync_task.done():
-            self._sync_task = asyncio.create_task(self._sync_loop())
-
     async def settle_weights(self) -> None:
-        """Wait for a publication in progress (a scale-in must not pull an engine out in mid-load)."""
-        if self._sync_task is not None and not self._sync_task.done():
-            with contextlib.suppress(Exception):
-                await self._sync_task
-
-    async def _sync_loop(self) -> None:
-        """Bring every ACTIVE engine to the latest version; newer versions published meanwhile win."""
-        while True:
-            latest = self.weights.latest()
-            behind = [r.engine_id for r in self.pool.active()
-                      if latest is not None and (r.weight_version or 0) < latest.version]
-            if latest is None or not behind:
-                return
-            began = time.monotonic()
-            results = await asyncio.gather(*(self.sync_to_latest(eid) for eid in behind), return_exceptions=True)
-            for eid, res in zip(behind, results, strict=True):
-                if isinstance(res, BaseException):
-                    await self.on_engine_failure(eid, res, confirmed=True)  # never serve stale weights
-            paused = [self.last_syncs.get(eid, {}).get("paused_s") for eid in behind]
-            paused = [p for p in paused if p is not None]
-            log.info("weights v%d on %d engine(s) in %.2fs (engines paused %s)", latest.version, len(behind),
-                     time.monotonic() - began, f"max {max(paused):.2f}s" if paused else "n/a")
-            self._on_change()
-
-    async def sync_to_latest(self, engine_id: str) -> None:
-        """Bring one engine to the newest published version (looping if a newer one lands meanwhile)."""
-        lock = self._sync_locks.setdefault(engine_id, asyncio.Lock())
-        async with lock:
-            while True:
-                latest = self.weights.latest()
-                record = self.pool.get(engine_id)
-                if latest is None or (record.weight_version or 0) >= latest.version:
-                    return
-                idle = self._sync_idle.setdefault(engine_id, asyncio.Event())  # health probes would fail now
-                idle.clear()
-                began = time.monotonic()
-                try:
-                    if latest.broadcast:
-                        try:
-                            timings = await self._sync_broadcast(engine_id, latest)
-                        except VersionSuperseded:
-                            log.info("%s: weights v%d superseded before its send began; moving on to the newest",
-                                     engine_id, latest.version)
-                            await self._newer_than(latest.version)
-                            continue
-                    elif record.kind is EngineKind.EXTERNAL:
-                        timings = await self._sync_external(engine_id, latest)
-                    else:
-                        timings = await self.launcher.sync_weights(engine_id, latest.version,
-                                                                   list(latest.bucket_refs),
-                                                                   self.settings.weight_sync_pause_mode)
-                finally:
-                    idle.set()
-                self.last_syncs[engine_id] = {**(timings or {}), "version": latest.version,
-                                              "total_s": time.monotonic() - began}
-                self.pool.set_weight_version(engine_id, latest.version)
-
-    async def _newer_than(self, version: int) -> None:
-        """Wait for a publication newer than ``version``: the sender held one before it dropped ``version``,
-        so it is at most a registration away (bounded by the broadcast timeout all the same)."""
-        deadline = time.monotonic() + self.settings.broadcast.timeout_s
-        while (latest := self.weights.latest()) is None or latest.version <= version:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"no weight version newer than v{version} was published within "
-                                   f"{self.settings.broadcast.timeout_s:g}s, and the trainer no longer holds it")
-            await asyncio.sleep(0.05)
-
-    def _syncing(self, engine_id: str) -> bool:
-        idle = self._sync_idle.get(engine_id)
-        return idle is not None and not idle.is_set()
-
-    async def wait_not_syncing(self, engine_id: str) -> None:
-        """Hold a request for an engine that is paused for a weight load until it continues.
-
-        Sent now, it would only wait in the engine's queue, where the autoscaler reads queued requests as
-        missing capacity; more engines would not help, they pause for each publication too. Held here, the
-        wait still shows in the request's latency and the rollout's time, but not as a queue.
-        """
-        if self._syncing(engine_id):
-            await self._sync_idle[engine_id].wait()
-
-    async def _sync_broadcast(self, engine_id: str, latest: Any) -> dict[str, Any]:
-        """SGLang's distributed update from the trainer's rank 0 (``rollout.broadcast``); opens the group once."""
-        client = self._clients[engine_id]
-        settings = self.settings.broadcast
-        group = self._groups.get(engine_id)
-        if group is not None and group.source is not latest.sender:  # a new sender (a restarted trainer)
-            await close_group(self._groups.pop(engine_id), client)
-            group = None
-        if group is None:
-            group = await open_group(engine_id, client, latest.sender, settings)
-            self._groups[engine_id] = group
-        try:
-            return await send_version(engine_id, client, group, latest.version, latest.manifest,
-                                      self.settings.weight_sync_pause_mode, settings.timeout_s)
-        except VersionSuperseded:
-            raise  # nothing was sent: the engine and its group are as they were
-        except BaseException:
-            self._groups.pop(engine_id, None)
-            await close_group(group, None)  # the trainer's side; the engine is failed by the caller
-            raise
-
-    async def _sync_external(self, engine_id: str, latest: Any) -> dict[str, Any]:
-        """External engines load from a directory this process writes: they must share its filesystem."""
-        from relax.training.weights import cleanup_old, default_weights_root, materialize
-
-        buckets = [await ref for ref in latest.bucket_refs]
-        root = default_weights_root(f"external-{engine_id}")
-        path = await asyncio.to_thread(materialize, buckets, self.settings.model_path, root / f"v{latest.version}")
-        client = self._clients[engine_id]
-        mode = self.settings.weight_sync_pause_mode
-        paused_at = time.monotonic()
-        if mode != "none":
-            await client.pause_generation(mode)
-        try:
-            await client.update_weights_from_disk(str(path), str(latest.version), timeout=None)
-        finally:
-            if mode != "none":
-                await client.continue_generation()
-        paused_s = time.monotonic() - paused_at if mode != "none" else 0.0
-        await asyncio.to_thread(cleanup_old, root, 1)
-        return {"paused_s": paused_s}
+        """Wait for a publication in progress (the scale executor's port: no scale-in in mid-load)."""
+        await self.weight_sync.settle()
 
     # ------------------------------------------------------------------ taking engines out
     async def retire(
@@ -492,9 +367,7 @@ class EngineFleet:
 
     async def _release(self, engine_id: str, *, grace_s: float) -> None:
         """Leave the weight group, stop the server, close the client, give back an owned placement group."""
-        group = self._groups.pop(engine_id, None)
-        if group is not None:
-            await close_group(group, self._clients.get(engine_id))
+        await self.weight_sync.forget(engine_id, self._clients.get(engine_id))
         await self.launcher.stop(engine_id, grace_s)
         client = self._clients.pop(engine_id, None)
         if client is not None:
@@ -625,7 +498,7 @@ class EngineFleet:
 
         async def probe(engine_id: str) -> None:
             client = self._clients.get(engine_id)
-            if client is None or self._syncing(engine_id):  # we paused it to load weights: not a failure
+            if client is None or self.weight_sync.is_syncing(engine_id):  # paused to load weights: not a failure
                 failures.pop(engine_id, None)
                 return
             if await self.launcher.is_alive(engine_id, HEALTH_TIMEOUT_S) is False:
@@ -649,7 +522,8 @@ class EngineFleet:
     async def shutdown(self) -> None:
         """Stop every engine (process, client, owned placement group) and every background task."""
         self._shutting_down = True
-        for task in [self._sync_task, self._health_task, self._drain_task, *self._background]:
+        self.weight_sync.shutdown()
+        for task in [self._health_task, self._drain_task, *self._background]:
             if task is not None:
                 task.cancel()
         await asyncio.gather(*(self._release(eid, grace_s=5.0) for eid in self.launcher.engine_ids()),

@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from relax.config.pause_mode import PauseMode
+
 log = logging.getLogger("relax.rollout")
 
 ACTOR_START_ATTEMPTS = 2
@@ -57,7 +59,7 @@ class EngineLauncher(Protocol):
         ...
 
     async def sync_weights(
-        self, engine_id: str, version: int, bucket_refs: list[Any], pause_mode: str
+        self, engine_id: str, version: int, bucket_refs: list[Any], pause_mode: PauseMode
     ) -> Mapping[str, Any]:
         """Load weight version ``version`` (bucketed object-store refs): pause (``pause_mode``), load, continue.
 
@@ -145,7 +147,7 @@ class RayEngineLauncher:
         raise AssertionError("unreachable")
 
     async def sync_weights(
-        self, engine_id: str, version: int, bucket_refs: list[Any], pause_mode: str
+        self, engine_id: str, version: int, bucket_refs: list[Any], pause_mode: PauseMode
     ) -> Mapping[str, Any]:
         return await self._actors[engine_id].sync_weights.remote(version, list(bucket_refs), pause_mode)
 

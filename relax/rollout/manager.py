@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from relax.cluster.drain import draining_nodes
+from relax.config.pause_mode import PauseMode
 from relax.data.buffer import SampleBuffer
 from relax.data.dataset import PromptCursor, PromptStream, load_prompt_data
 from relax.data.rewards import get_reward_fn
@@ -92,7 +93,7 @@ class ManagerConfig:
     scale_in_drain_timeout_s: float = 30.0
     scale_in_shutdown_timeout_s: float = 30.0
     health_timeout_s: float = 120.0
-    weight_sync_pause_mode: str = "retract"  # relax.engines.actor.PAUSE_MODES
+    weight_sync_pause_mode: PauseMode = PauseMode.RETRACT
     # Broadcast weight updates (versions published with a sender): group backend and per-step deadline
     weight_broadcast_backend: str = "gloo"
     weight_broadcast_timeout_s: float = 60.0
@@ -194,7 +195,7 @@ class RolloutManager:
                           request_timeout_s=config.request_timeout_s, health_timeout_s=config.health_timeout_s,
                           drain_timeout_s=config.scale_in_drain_timeout_s,
                           shutdown_timeout_s=config.scale_in_shutdown_timeout_s,
-                          weight_sync_pause_mode=config.weight_sync_pause_mode,
+                          weight_sync_pause_mode=PauseMode(config.weight_sync_pause_mode),
                           engine_api_key=config.engine_api_key,
                           broadcast=BroadcastSettings(
                               backend=config.weight_broadcast_backend, timeout_s=config.weight_broadcast_timeout_s,
@@ -273,9 +274,8 @@ class RolloutManager:
             if self._weight_source is None or self._weight_source[0] != sender:
                 self._weight_source = (sender, RayWeightSource(sender))
             source = self._weight_source[1]
-        self.weights.publish(version, list(bucket_refs), manifest, sender=source)
+        self.fleet.weight_sync.publish(version, list(bucket_refs), manifest, source=source)
         self.event_log.append(EventKind.WEIGHTS_PUBLISHED, message=f"v{version}")
-        self.fleet.publish()
 
     # ------------------------------------------------------------------ dispatch (router + retry)
     async def generate(self, group_key: str, input_ids: list[int], sampling_params: dict[str, Any]) -> Generation:
@@ -295,7 +295,7 @@ class RolloutManager:
             error: BaseException | None = None
             version = 0
             try:
-                await self.fleet.wait_not_syncing(engine_id)  # a weight load in progress: hold it here
+                await self.fleet.weight_sync.wait_not_syncing(engine_id)  # a weight load in progress: hold it here
                 version = self.pool.get(engine_id).weight_version or 0
                 out = await self.fleet.client(engine_id).generate(
                     input_ids=ids,
@@ -497,7 +497,7 @@ class RolloutManager:
             "staleness_blocked_fraction": self.gate.blocked_fraction(),
             "tokens_generated": self._tokens_generated,
             "latest_published": self.weights.latest_version or 0,
-            "weight_syncs": {eid: dict(t) for eid, t in self.fleet.last_syncs.items()},
+            "weight_syncs": {eid: dict(t) for eid, t in self.fleet.weight_sync.last_syncs.items()},
             "migration": self.migration.to_dict(),
             "evictions": {eid: dict(e) for eid, e in self.fleet.last_evictions.items()},
             "joins": self.fleet.joins.to_dict(),

@@ -52,7 +52,7 @@ class ProcessLauncher:
         self.procs[engine_id] = proc
         return {"url": proc.url, "node_id": "local"}
 
-    async def sync_weights(self, engine_id: str, version: int, bucket_refs: list[Any], pause_mode: str) -> None:
+    async def sync_weights(self, engine_id: str, version: int, bucket_refs: list[Any], pause_mode: Any) -> None:
         raise AssertionError("no weights are published in this test")
 
     async def is_alive(self, engine_id: str, timeout_s: float) -> bool | None:

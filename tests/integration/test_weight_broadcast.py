@@ -22,11 +22,11 @@ from relax.engines.client import EngineClient, EngineError
 from relax.rollout.broadcast import (
     BroadcastSettings,
     ThreadWeightSource,
-    VersionSuperseded,
     close_group,
     open_group,
     send_version,
 )
+from relax.rollout.weight_transport import VersionSuperseded
 from relax.training.sender import WeightSender
 from tests.integration.test_builtin_engine import teacher_forced_logprobs
 

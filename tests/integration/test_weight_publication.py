@@ -21,19 +21,13 @@ from relax.rollout.generator import SamplingSettings
 from relax.rollout.manager import ManagerConfig, RolloutManager
 from relax.training.actor import TrainerConfig
 from relax.training.group import TrainerGroup
-from relax.training.publication import WeightManifest
-from relax.training.weights import make_buckets
+from relax.training.publisher import publish as publish_version
 
 
 def publish(manager, trainer, version: int, path: str) -> None:
-    """Publish the trainer's current weights as ``version``, the way a run with ``--weight-sync path`` does."""
-    if path == "broadcast":
-        manifest = trainer.hold_weights(version)
-        ray.get(manager.publish_weights.remote(version, [], manifest, trainer.sender))
-        return
-    buckets = make_buckets(trainer.full_state_dict())
-    refs = [ray.put(b) for b in buckets]
-    ray.get(manager.publish_weights.remote(version, refs, WeightManifest.from_buckets(version, buckets)))
+    """Publish the trainer's weights as ``version`` the way a run with ``--weight-sync path`` does, and wait for
+    the manager to register them."""
+    ray.get(publish_version(trainer, manager, version, path).registered)
 
 
 @pytest.fixture(scope="module")

@@ -312,21 +312,21 @@ def test_help_exits_zero(capsys):
 
 
 def test_weight_sync_pause_mode_defaults_to_retract_and_names_bad_values() -> None:
-    from relax.config.flags import WeightSyncPauseMode
+    from relax.config.pause_mode import PauseMode
 
-    assert parse_args([]).weight_sync_pause_mode is WeightSyncPauseMode.RETRACT
-    assert parse_args(["--weight-sync-pause-mode", "in_place"]).weight_sync_pause_mode is WeightSyncPauseMode.IN_PLACE
-    assert parse_args(["--weight-sync-pause-mode", "none"]).weight_sync_pause_mode is WeightSyncPauseMode.NONE
+    assert parse_args([]).weight_sync_pause_mode is PauseMode.RETRACT
+    assert parse_args(["--weight-sync-pause-mode", "in_place"]).weight_sync_pause_mode is PauseMode.IN_PLACE
+    assert parse_args(["--weight-sync-pause-mode", "none"]).weight_sync_pause_mode is PauseMode.NONE
     message = _error(["--weight-sync-pause-mode", "later"])
     assert "--weight-sync-pause-mode" in message and "retract, in_place, abort, none" in message
 
 
 def test_weight_sync_defaults_to_broadcast_and_names_bad_values() -> None:
-    from relax.config.flags import WeightSync
+    from relax.config.flags import WeightSyncPath
 
     args = parse_args([])
-    assert args.weight_sync is WeightSync.BROADCAST and args.weight_broadcast_timeout == 60.0
-    assert parse_args(["--weight-sync", "object-store"]).weight_sync is WeightSync.OBJECT_STORE
+    assert args.weight_sync is WeightSyncPath.BROADCAST and args.weight_broadcast_timeout == 60.0
+    assert parse_args(["--weight-sync", "object-store"]).weight_sync is WeightSyncPath.OBJECT_STORE
     assert parse_args(["--weight-broadcast-timeout", "5"]).weight_broadcast_timeout == 5.0
     message = _error(["--weight-sync", "nccl"])
     assert "--weight-sync" in message and "broadcast, object-store" in message

@@ -439,12 +439,11 @@ def test_node_ip_and_resolve_host() -> None:
 
 
 def test_weight_load_budget_grows_with_the_bytes() -> None:
-    from relax.engines.actor import LOAD_BASE_S, PAUSE_MODES, load_timeout_s
+    from relax.engines.weight_load import LOAD_BASE_S, load_timeout_s
 
     assert load_timeout_s(0) == LOAD_BASE_S
     assert load_timeout_s(8 * 10**9) == pytest.approx(LOAD_BASE_S + 80)  # Qwen3-4B in bf16
     assert load_timeout_s(16 * 10**9) > load_timeout_s(8 * 10**9) > load_timeout_s(513 * 2**20)
-    assert PAUSE_MODES[0] == "retract"  # the default: no old-weight KV cache under new tokens
 
 
 def test_launch_spec_repr_masks_the_api_key() -> None:

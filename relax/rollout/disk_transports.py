@@ -1,0 +1,57 @@
+"""The two weight paths that load a version from files: through the engine's actor, or written for an external engine.
+
+Both end in ``/update_weights_from_disk`` inside the engine client's pause bracket
+(``relax.engines.weight_load.load_from_disk``); they differ in who writes the files and where.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from relax.config.pause_mode import PauseMode
+from relax.engines.weight_load import load_from_disk
+from relax.rollout.launcher import EngineLauncher
+
+__all__ = ["ExternalDiskTransport", "ObjectStoreTransport"]
+
+
+class ObjectStoreTransport:
+    """The engine's actor pulls the buckets from Ray's object store, writes them on its node and loads them."""
+
+    def __init__(self, launcher: EngineLauncher, pause_mode: PauseMode) -> None:
+        self.launcher = launcher
+        self.pause_mode = pause_mode
+
+    async def send(self, engine_id: str, client: Any, latest: Any) -> dict[str, Any]:
+        return dict(await self.launcher.sync_weights(engine_id, latest.version, list(latest.bucket_refs),
+                                                     self.pause_mode) or {})
+
+    async def forget(self, engine_id: str, client: Any | None) -> None:
+        return None
+
+
+class ExternalDiskTransport:
+    """An external engine loads from a directory this process writes: it must share this process's filesystem."""
+
+    def __init__(self, model_path: str, pause_mode: PauseMode) -> None:
+        self.model_path = model_path
+        self.pause_mode = pause_mode
+
+    async def send(self, engine_id: str, client: Any, latest: Any) -> dict[str, Any]:
+        from relax.training.weights import cleanup_old, default_weights_root, materialize
+
+        began = time.monotonic()
+        buckets = [await ref for ref in latest.bucket_refs]
+        root = default_weights_root(f"external-{engine_id}")
+        path = await asyncio.to_thread(materialize, buckets, self.model_path, root / f"v{latest.version}")
+        written = time.monotonic()
+        window = await load_from_disk(client, path, latest.version, self.pause_mode,
+                                      nbytes=latest.manifest.total_bytes)
+        await asyncio.to_thread(cleanup_old, root, 1)
+        return {"path": "disk", "write_s": written - began, "load_s": time.monotonic() - written,
+                "paused_s": window.seconds}
+
+    async def forget(self, engine_id: str, client: Any | None) -> None:
+        return None

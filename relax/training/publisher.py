@@ -1,0 +1,79 @@
+"""Publishing a weight version from the trainer: the one way the driver, the tests and the benchmarks do it.
+
+Two paths (``--weight-sync``), one call (:func:`publish`):
+
+* **broadcast**: every rank gathers the full weights, rank 0 keeps them as flattened buckets
+  (``TrainerGroup.hold_weights``, ``relax.training.sender``) and only the manifest goes to the rollout manager,
+  with rank 0's actor handle to receive them from;
+* **object store**: the gathered state dict is cut into buckets, ``ray.put`` and registered with the manager
+  (:func:`publish_state`, which also publishes a state dict that did not come from a trainer).
+
+``dtype`` is what the engines are sent: bf16 halves the bytes where engines serve bf16 (SGLang on GPU; see
+:func:`publication_dtype`); ``None`` sends the trainer's fp32.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from relax.config.flags import WeightSyncPath
+
+__all__ = ["Publication", "publication_dtype", "publish", "publish_state"]
+
+
+@dataclass(frozen=True)
+class Publication:
+    """One version on its way: what was published and the manager's registration to ``ray.get`` if you wait."""
+
+    version: int
+    manifest: Any  # relax.training.publication.WeightManifest
+    gather_s: float  # trainer time: gathering (and putting the buckets in the object store)
+    registered: Any  # ObjectRef of RolloutManager.publish_weights
+    bucket_refs: tuple[Any, ...] = ()  # object-store path: the buckets (the manager's registry holds them too)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.manifest.total_bytes)
+
+
+def publication_dtype(engine_backend: str) -> Any:
+    """bf16 for SGLang engines (they serve bf16 on GPU: half the bytes per publication); else unchanged.
+
+    The built-in engine runs fp32 on CPU, where the tests compare log-probs to 1e-4.
+    """
+    import torch
+
+    return torch.bfloat16 if engine_backend == "sglang" else None
+
+
+def publish_state(manager: Any, version: int, state: Mapping[str, Any], *, dtype: Any = None,
+                  began: float | None = None) -> Publication:
+    """Put ``state`` into the object store as buckets and register it with the manager as ``version``."""
+    import ray
+
+    from relax.training.publication import WeightManifest
+    from relax.training.weights import make_buckets
+
+    began = time.monotonic() if began is None else began
+    buckets = make_buckets(state, dtype=dtype)
+    refs = [ray.put(b) for b in buckets]
+    manifest = WeightManifest.from_buckets(version, buckets)
+    gather_s = time.monotonic() - began
+    return Publication(version, manifest, gather_s, manager.publish_weights.remote(version, refs, manifest),
+                       tuple(refs))
+
+
+def publish(trainer: Any, manager: Any, version: int, path: WeightSyncPath | str = WeightSyncPath.BROADCAST, *,
+            dtype: Any = None, backend: str = "gloo", bucket_bytes: int | None = None) -> Publication:
+    """Publish the trainer's current weights as ``version`` by ``path``; returns without waiting for engines."""
+    began = time.monotonic()
+    if WeightSyncPath(path) is WeightSyncPath.BROADCAST:  # the bytes stay in rank 0; engines receive them from it
+        manifest = trainer.hold_weights(version, dtype=None if dtype is None else str(dtype).removeprefix("torch."),
+                                        backend=backend, bucket_bytes=bucket_bytes)
+        gather_s = time.monotonic() - began
+        return Publication(version, manifest, gather_s,
+                           manager.publish_weights.remote(version, [], manifest, trainer.sender))
+    return publish_state(manager, version, trainer.full_state_dict(), dtype=dtype, began=began)
