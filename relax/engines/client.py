@@ -55,6 +55,7 @@ SGLANG_ROUTES_USED: tuple[str, ...] = (
     "/continue_generation",
     "/abort_request",
     "/update_weights_from_disk",
+    "/update_weight_version",
     "/init_weights_update_group",
     "/begin_weight_update",
     "/update_weights_from_distributed",
@@ -391,9 +392,9 @@ class EngineClient:
     async def pause_generation(self, mode: PauseMode | str = PauseMode.ABORT, *,
                                timeout: float | None = _UNSET) -> Any:
         """``POST /pause_generation`` with ``mode`` in abort | retract | in_place."""
+        if mode not in ("abort", "retract", "in_place"):
+            raise ValueError(f"pause mode must be abort, retract or in_place, got {mode!r}")
         mode = PauseMode(mode)
-        if not mode.pauses:
-            raise ValueError(f"pause mode must be abort, retract or in_place, got {mode.value!r}")
         return await self._post_json("/pause_generation", {"mode": mode.value}, timeout=timeout)
 
     async def continue_generation(self, *, timeout: float | None = _UNSET) -> Any:
@@ -453,6 +454,17 @@ class EngineClient:
                 server_message=None if message is None else str(message),
             )
         return result
+
+    async def update_weight_version(self, version: int | str) -> dict[str, Any]:
+        """``POST /update_weight_version`` — always with ``abort_all_requests: false``.
+
+        SGLang's default for this route is to abort every request in flight (a fully-async run that bumps the
+        version after a pause would lose every running generation). Relax sets versions through the update
+        calls' ``weight_version``; this is the only way it may call this route.
+        """
+        body = {"new_version": str(version), "abort_all_requests": False}
+        return self._check_success(await self._post_json("/update_weight_version", body), "/update_weight_version",
+                                   f"did not set weight version {version}")
 
     # -- broadcast weight updates (SGLang's distributed protocol) -----------------------------------
 

@@ -226,3 +226,34 @@ def test_a_hold_reuses_the_dropped_versions_memory_unless_a_broadcast_reads_it()
     sender.hold(4, {"w": torch.full((1024,), 4.0)})
     assert sender._held(4).buffers[0].data_ptr() != v2_ptr
     assert sender.held_versions() == [3, 4]
+
+
+async def test_the_version_bump_trap_is_sglangs_and_relaxs_client_steps_around_it(
+    tiny_preset, start_engine, prompt_ids
+) -> None:
+    """/update_weight_version with SGLang's default aborts what is in flight; the client's call never does."""
+    engine = start_engine(tiny_preset.model_dir, weight_version="0")
+    async with EngineClient(engine.url, timeout=120) as client, \
+            httpx.AsyncClient(base_url=engine.url, timeout=60, trust_env=False) as http:
+
+        async def long_request() -> asyncio.Future:
+            began = (await client.get_server_info())["stats"]["generated_tokens"]
+            request = asyncio.ensure_future(client.generate(
+                input_ids=prompt_ids, sampling_params={"max_new_tokens": 200, "ignore_eos": True}))
+            deadline = time.monotonic() + 60
+            while (await client.get_server_info())["stats"]["generated_tokens"] < began + 5:
+                assert time.monotonic() < deadline, "the long request never started"
+                await asyncio.sleep(0.05)
+            return request
+
+        kept = await long_request()
+        await client.update_weight_version(7)
+        out = await kept
+        assert out["meta_info"]["finish_reason"]["type"] == "length" and len(out["output_ids"]) == 200
+        assert [s["version"] for s in out["meta_info"]["weight_versions"]] == ["0", "7"]
+
+        lost = await long_request()
+        r = await http.post("/update_weight_version", json={"new_version": "8"})  # SGLang's default
+        assert r.status_code == 200 and (await client.get_weight_version()) == "8"
+        out = await lost
+        assert out["meta_info"]["finish_reason"]["type"] == "abort" and len(out["output_ids"]) < 200

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 import torch
 
-from relax.engines.builtin.engine import Engine, PauseMode
+from relax.config.pause_mode import PauseMode
+from relax.engines.builtin.engine import Engine
 from relax.engines.builtin.metrics import EngineMetrics
 from relax.engines.builtin.model_runner import ModelRunner, load_model
 from relax.engines.builtin.sampling import SamplingParams

@@ -96,6 +96,7 @@ def fake_sglang() -> tuple[FastAPI, list[tuple[str, str, Any]]]:
         "/begin_weight_update": {"success": True, "message": "ok"},
         "/end_weight_update": {"success": True, "message": "ok"},
         "/destroy_weights_update_group": {"success": True, "message": "ok"},
+        "/update_weight_version": {"success": True, "message": "ok"},
     }  # fmt: skip
 
     @app.api_route("/{path:path}", methods=["GET", "POST", "PUT"])
@@ -119,6 +120,7 @@ async def drive_client(url: str) -> None:
         await client.generate(input_ids=[1, 2, 3], sampling_params=params, rid="r", return_logprob=True)
         await client.generate("hi", sampling_params=params)
         await client.update_weights_from_disk("/ckpt/step_3", 3, load_format="auto")
+        await client.update_weight_version(3)
         await client.pause_generation("retract")
         await client.init_weights_update_group("10.0.0.1", 29500, 1, 2, group_name="g", backend="nccl")
         await client.begin_weight_update()
@@ -199,6 +201,18 @@ def test_the_routes_used_list_covers_what_the_client_calls(client_requests: list
     legacy = getattr(engine_client, "LEGACY_WEIGHT_VERSION_ROUTE", None)  # a fallback for pre-0.5.23 builds
     called = {path for _, path, _ in client_requests} - {legacy}
     assert called <= set(ROUTES_USED), f"add {sorted(called - set(ROUTES_USED))} to SGLANG_ROUTES_USED"
+
+
+def test_relax_never_bumps_a_version_with_sglangs_abort_all_default(
+    client_requests: list[tuple[str, str, Any]],
+) -> None:
+    """SGLang's /update_weight_version aborts every request in flight unless told not to (the version-bump trap):
+    whatever calls it must say ``abort_all_requests: false``, and only the client's one method calls it."""
+    bodies = [body for _, path, body in client_requests if path == "/update_weight_version"]
+    assert bodies and all(body.get("abort_all_requests") is False for body in bodies), bodies
+    callers = sorted(str(f.relative_to(REPO)) for f in (REPO / "relax").rglob("*.py")
+                     if "/update_weight_version" in f.read_text() and "builtin" not in f.parts)
+    assert callers == ["relax/engines/client.py"], f"call it through EngineClient.update_weight_version: {callers}"
 
 
 def test_managed_flags_are_sglang_flags_or_abbreviations_of_one() -> None:

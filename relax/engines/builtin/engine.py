@@ -22,10 +22,10 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from enum import Enum
 
 import torch
 
+from relax.config.pause_mode import PauseMode
 from relax.engines.builtin.metrics import EngineMetrics, LoadSnapshot
 from relax.engines.builtin.model_runner import ModelRunner
 from relax.engines.builtin.sampling import sample
@@ -41,12 +41,6 @@ class DuplicateRequestId(ValueError):
     def __init__(self, rid: str) -> None:
         super().__init__(f"rid {rid!r} is already in flight; use a unique rid per request")
         self.rid = rid
-
-
-class PauseMode(str, Enum):
-    ABORT = "abort"  # abort everything in flight, then pause
-    RETRACT = "retract"  # move running requests back to the queue, then pause
-    IN_PLACE = "in_place"  # freeze the batch as it is
 
 
 @dataclass(frozen=True)
@@ -179,6 +173,9 @@ class Engine:
 
     # ------------------------------------------------------------------ control
     def pause(self, mode: PauseMode) -> None:
+        """abort: everything in flight aborted; retract: running requests back to the queue; in_place: frozen."""
+        if not mode.pauses:
+            raise ValueError("pause mode 'none' pauses nothing")
         with self._turn():
             if mode is PauseMode.ABORT:
                 self._abort_locked(None, "aborted by pause_generation")
@@ -215,6 +212,11 @@ class Engine:
         """Copy some tensors in place between two steps (a bucket of a broadcast update); see load_weights."""
         with self._turn():
             self.runner.copy_tensors(named)
+            self._set_version_locked(weight_version)
+
+    def set_weight_version(self, weight_version: str) -> None:
+        """Name the served weights ``weight_version`` without loading anything (``/update_weight_version``)."""
+        with self._turn():
             self._set_version_locked(weight_version)
 
     def _set_version_locked(self, weight_version: str | None) -> None:

@@ -205,6 +205,16 @@ class UpdateWeightsFromDistributedBody(BaseModel):
         return self
 
 
+class UpdateWeightVersionBody(BaseModel):
+    """``/update_weight_version``. SGLang's default aborts every request in flight: callers that mean to keep
+    them (Relax always does) must send ``abort_all_requests: false``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    new_version: str = Field(min_length=1)
+    abort_all_requests: StrictBool = True
+
+
 class WeightsGroupBody(BaseModel):
     """``/destroy_weights_update_group``."""
 

@@ -26,8 +26,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
 from relax import __version__
+from relax.config.pause_mode import PauseMode
 from relax.engines.builtin.decoder import DecoderForCausalLM
-from relax.engines.builtin.engine import DuplicateRequestId, Engine, PauseMode
+from relax.engines.builtin.engine import DuplicateRequestId, Engine
 from relax.engines.builtin.metrics import EngineMetrics
 from relax.engines.builtin.model_impl import ModelImpl, ModelImplError
 from relax.engines.builtin.model_runner import ModelRunner, load_model, resolve_device
@@ -38,6 +39,7 @@ from relax.engines.builtin.protocol import (
     PauseBody,
     UpdateWeightsBody,
     UpdateWeightsFromDistributedBody,
+    UpdateWeightVersionBody,
     WeightsGroupBody,
     WeightUpdateSessionBody,
 )
@@ -411,6 +413,15 @@ def create_app(server: BuiltinServer) -> FastAPI:
     @app.post("/update_weights_from_disk")
     async def update_weights_from_disk(body: UpdateWeightsBody) -> dict[str, Any]:
         return await server.update_weights(body)
+
+    @app.post("/update_weight_version")
+    async def update_weight_version(body: UpdateWeightVersionBody) -> dict[str, Any]:
+        """SGLang's route, with its trap: unless told ``abort_all_requests: false`` it aborts everything in flight."""
+        if body.abort_all_requests:
+            await asyncio.to_thread(engine.abort, None, "aborted by update_weight_version")
+        await asyncio.to_thread(engine.set_weight_version, body.new_version)
+        return {"success": True, "message": f"weight version set to {body.new_version}",
+                "new_version": body.new_version}
 
     @app.post("/init_weights_update_group")
     async def init_weights_update_group(body: InitWeightsUpdateGroupBody) -> dict[str, Any]:
