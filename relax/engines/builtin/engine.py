@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 import torch
 
@@ -31,6 +32,8 @@ from relax.engines.builtin.model_runner import ModelRunner
 from relax.engines.builtin.sampling import sample
 from relax.engines.builtin.scheduler import Capacity, FinishType, Request, RequestQueue, admit, check_stop
 from relax.engines.builtin.versions import VersionChange, version_spans
+
+_T = TypeVar("_T")
 
 log = logging.getLogger(__name__)
 
@@ -212,6 +215,19 @@ class Engine:
         """Copy some tensors in place between two steps (a bucket of a broadcast update); see load_weights."""
         with self._turn():
             self.runner.copy_tensors(named)
+            self._set_version_locked(weight_version)
+
+    def between_steps(self, fn: Callable[[], _T]) -> _T:
+        """Run ``fn`` between two steps (rearranging the model's tensors, say) and return what it returns."""
+        with self._turn():
+            return fn()
+
+    def write_weights(self, write: Callable[[], None], weight_version: str | None) -> None:
+        """Run ``write``, which overwrites served weights in place (a broadcast received straight into them),
+        between two steps; the cache computed with the old weights is dropped."""
+        with self._turn():
+            write()
+            self.runner.invalidate()
             self._set_version_locked(weight_version)
 
     def set_weight_version(self, weight_version: str) -> None:

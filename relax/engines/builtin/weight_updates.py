@@ -9,9 +9,14 @@ rules the manager depends on are SGLang's: an update outside a session is refuse
 engine waits for the writer lock (in-flight generations finish first), ``weight_version`` is applied when a
 call succeeds.
 
-A bucket that fails (a dead trainer, a timeout, a bad name) is reported as a 400 naming the cause; the
-tensors of that bucket are not loaded (names and shapes are checked before any copy), but earlier buckets
-of the same version are: the manager treats a failed update as a failed engine, never as a served version.
+A ``flattened_bucket`` whose layout matches the served tensors (dtype, shape, one tensor per name) is received
+straight into them: the model's tensors of that layout live in one buffer (``weight_arena``), so no copy
+follows the broadcast. Any other bucket is received into a staging buffer and copied.
+
+A bucket that fails (a dead trainer, a timeout, a bad name) is reported as a 400 naming the cause. Names and
+shapes are checked before anything is written, but a broadcast that breaks in the middle leaves part of the
+version loaded (earlier buckets, and with an arena part of this one): the manager treats a failed update as
+a failed engine, never as a served version, and never resumes it.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import torch
 
 from relax.cluster.weight_group import WeightGroup, init_weight_group
 from relax.engines.builtin.protocol import InitWeightsUpdateGroupBody, UpdateWeightsFromDistributedBody
+from relax.engines.builtin.weight_arena import WeightArena, build_arena
 from relax.training.flat_bucket import BucketSpec, dtype_from_name, unflatten
 
 if TYPE_CHECKING:
@@ -59,6 +65,8 @@ class DistributedUpdates:
         # 513 MiB update on this machine).
         self._staging: torch.Tensor | None = None
         self._receiving = threading.Lock()
+        # per bucket layout: the model's tensors living in the layout's buffer, received into without a copy
+        self._arenas: dict[BucketSpec, WeightArena] = {}
 
     async def init_group(self, body: InitWeightsUpdateGroupBody) -> dict[str, Any]:
         if body.group_name in self.groups:
@@ -124,6 +132,13 @@ class DistributedUpdates:
     def _receive_and_load(self, group: WeightGroup, spec: BucketSpec, load_format: str | None, version: str | None,
                           name: str) -> None:
         with self._receiving:  # the staging buffer holds one bucket at a time
+            arena = self._arena(spec) if load_format == "flattened_bucket" else None
+            if arena is not None:
+                try:  # straight into the served weights, between two steps
+                    self.engine.write_weights(lambda: group.broadcast(arena.buffer, src=0), version)
+                except Exception as exc:  # noqa: BLE001 - a dead trainer or a timeout: reported with its cause
+                    raise WeightUpdateError(f"broadcast on group {name!r} failed: {_first_line(exc)}") from exc
+                return
             try:
                 named = self._receive(group, spec, load_format)
             except Exception as exc:  # noqa: BLE001 - a dead trainer or a timeout: reported with its cause
@@ -132,6 +147,18 @@ class DistributedUpdates:
                 self.engine.update_tensors(named, version)
             except ValueError as exc:
                 raise WeightUpdateError(f"received tensors do not match the served model: {exc}") from exc
+
+    def _arena(self, spec: BucketSpec) -> WeightArena | None:
+        """The arena of this layout (built on its first update), or None when the model cannot live in one."""
+        arena = self._arenas.get(spec)
+        if arena is None or not arena.intact():
+            self._arenas.pop(spec, None)
+            arena = self.engine.between_steps(lambda: build_arena(self.engine.runner.model, spec, self.device))
+            if arena is None:
+                return None
+            self._arenas[spec] = arena
+            self._staging = None  # not needed while every layout has its arena
+        return arena
 
     def _receive(self, group: WeightGroup, spec: BucketSpec, load_format: str | None) -> dict[str, torch.Tensor]:
         if load_format == "flattened_bucket":
