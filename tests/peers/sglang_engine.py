@@ -23,19 +23,21 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from transformers import AutoModelForCausalLM
+from safetensors.torch import load_file
 
 from tests.peers.sglang_group import sglang_process_group
 
 
 class PeerState:
     def __init__(self, model_dir: str, stall_after: int | None) -> None:
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-        self.params = self.model.state_dict(keep_vars=True)  # every checkpoint name, tied ones included
+        # the served weights by checkpoint name; a model is built only to answer /peer/logprobs
+        self.params = {name: tensor.float() for f in sorted(Path(model_dir).glob("*.safetensors"))
+                       for name, tensor in load_file(str(f)).items()}
         self.model_dir = model_dir
         self.weight_version = "default"
         self.groups: dict[str, dist.ProcessGroup] = {}
@@ -129,9 +131,11 @@ def make_handler(state: PeerState) -> type[BaseHTTPRequestHandler]:
                     time.sleep(3600)
                 with state.lock:
                     received = _receive(state, body)
-                    with torch.no_grad():
-                        for name, tensor in received.items():
-                            state.params[name].copy_(tensor)
+                    for name, tensor in received.items():
+                        known = state.params.get(name)
+                        if known is not None and known.shape != tensor.shape:
+                            raise ValueError(f"{name}: shape {tuple(tensor.shape)}, served {tuple(known.shape)}")
+                        state.params[name] = tensor.float().clone()
                     state.buckets += 1
                     if body.get("weight_version") is not None:
                         state.weight_version = str(body["weight_version"])
@@ -141,9 +145,13 @@ def make_handler(state: PeerState) -> type[BaseHTTPRequestHandler]:
                 dist.destroy_process_group(group)
                 return {"success": True}
             if path == "/peer/logprobs":
+                from transformers import AutoModelForCausalLM
+
                 ids = torch.tensor([body["input_ids"]])
                 with state.lock, torch.no_grad():
-                    logprobs = torch.log_softmax(state.model(ids).logits[0].float(), dim=-1)
+                    model = AutoModelForCausalLM.from_pretrained(state.model_dir, dtype=torch.float32).eval()
+                    model.load_state_dict(state.params, strict=False)  # a tied head follows its embedding
+                    logprobs = torch.log_softmax(model(ids).logits[0].float(), dim=-1)
                 return [logprobs[i - 1, tok].item() for i, tok in enumerate(body["input_ids"]) if i > 0]
             raise KeyError(f"no route {path}")
 
