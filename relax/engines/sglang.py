@@ -36,6 +36,9 @@ VERIFIED_SGLANG = "0.5.23"
 SGLANG_PIP_SPEC = "sglang>=0.5,<0.6"
 #: Environment variable holding SGLang's ``--api-key``, so the key needs no place in configs or command lines.
 SGLANG_API_KEY_ENV = "RELAX_SGLANG_API_KEY"
+#: The key Relax sends to engines attached by URL (``engine_urls``): never the run's own secret, which stays
+#: with the engines the run starts. Unset: external engines get no Authorization header.
+EXTERNAL_ENGINE_API_KEY_ENV = "RELAX_EXTERNAL_ENGINE_API_KEY"
 #: How long asking an interpreter for its SGLang version may take (a cold import of importlib is fast;
 #: a network file system on a busy node is not).
 VERSION_CHECK_TIMEOUT_S = 60.0
@@ -108,6 +111,12 @@ def api_key_from_env(environ: Mapping[str, str] = os.environ) -> str | None:
         if value is not None and value.strip():
             return value.strip()
     return None
+
+
+def external_engine_key(environ: Mapping[str, str] = os.environ) -> str | None:
+    """The key for external engines (``RELAX_EXTERNAL_ENGINE_API_KEY``); ``None`` when unset or blank."""
+    value = environ.get(EXTERNAL_ENGINE_API_KEY_ENV)
+    return value.strip() if value is not None and value.strip() else None
 
 
 def engine_secret(environ: Mapping[str, str] = os.environ) -> str:

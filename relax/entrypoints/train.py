@@ -23,7 +23,7 @@ from relax.autoscaler.config import load_autoscaler_config
 from relax.config.checks import check_hf_checkpoint, check_port_free
 from relax.config.flags import ConfigError, TrainArgs, UnfinishedRequests, fail, parse_args_or_exit
 from relax.config.plan import Plan, build_plan, format_plan, validate_paths, validate_plan_against_cluster
-from relax.engines.sglang import engine_secret
+from relax.engines.sglang import engine_secret, external_engine_key
 from relax.logs import setup_logging
 
 log = logging.getLogger("relax.train")
@@ -151,6 +151,7 @@ class Driver:
             migrate_in_flight=a.scale_in_unfinished is UnfinishedRequests.MIGRATE,
             weight_broadcast_backend=self._broadcast_backend(),
             engine_api_key=engine_secret(),
+            external_engine_api_key=external_engine_key(),
         )
 
     def _broadcast_backend(self) -> str:

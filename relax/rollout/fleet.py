@@ -102,8 +102,11 @@ class FleetSettings:
     shutdown_timeout_s: float = 30.0
     #: How an engine is paused around each weight load.
     weight_sync_pause_mode: PauseMode = PauseMode.RETRACT
-    #: Bearer token of the engines (SGLang's --api-key), sent on every call; never logged.
+    #: Bearer token of the engines the run starts (SGLang's --api-key), sent on every call; never logged.
     engine_api_key: str | None = field(default=None, repr=False)
+    #: What engines attached by URL get instead (the operator's key for them; None: no header). The run's
+    #: secret never leaves the run: an attached URL may be anybody's server.
+    external_engine_api_key: str | None = field(default=None, repr=False)
     #: Group backend and deadlines of broadcast weight updates (versions published with a sender).
     broadcast: BroadcastSettings = field(default_factory=BroadcastSettings)
     #: Budgets of evictions from Ray's drain notices (safety margin, default when no deadline is given).
@@ -213,7 +216,9 @@ class EngineFleet:
             if self.pool.get(engine_id).state is EngineState.PENDING:
                 self.pool.transition(engine_id, EngineState.STARTING)
             self.pool.transition(engine_id, EngineState.HEALTH_CHECKING)
-            client = self._client_factory(url, self.settings.request_timeout_s, self.settings.engine_api_key)
+            token = (self.settings.external_engine_api_key if self.pool.get(engine_id).kind is EngineKind.EXTERNAL
+                     else self.settings.engine_api_key)
+            client = self._client_factory(url, self.settings.request_timeout_s, token)
             self._clients[engine_id] = client
             await client.health_generate(timeout=self.settings.health_timeout_s)
             if self.pool.get(engine_id).kind is EngineKind.EXTERNAL:

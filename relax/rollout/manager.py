@@ -103,6 +103,7 @@ class ManagerConfig:
     # The engines' secret (SGLang's --api-key; the built-in engine's RELAX_ENGINE_API_KEY): every engine is
     # started with it and every engine call carries it. The driver always sets one (relax.engines.sglang.engine_secret).
     engine_api_key: str | None = field(default=None, repr=False)
+    external_engine_api_key: str | None = field(default=None, repr=False)  # for engines attached by URL
     engine_host: str = "auto"
     sglang_mem_fraction_static: float | None = None
     sglang_extra_args: tuple[str, ...] = ()
@@ -197,6 +198,7 @@ class RolloutManager:
                           shutdown_timeout_s=config.scale_in_shutdown_timeout_s,
                           weight_sync_pause_mode=PauseMode(config.weight_sync_pause_mode),
                           engine_api_key=config.engine_api_key,
+                          external_engine_api_key=config.external_engine_api_key,
                           broadcast=BroadcastSettings(
                               backend=config.weight_broadcast_backend, timeout_s=config.weight_broadcast_timeout_s,
                               ranks_per_engine=config.gpus_per_engine if resolve_backend(config.backend) == "sglang"

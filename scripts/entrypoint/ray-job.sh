@@ -111,7 +111,8 @@ relax_submit() {
   env_json=$("$PYTHON" - <<'PY'
 import json, os
 keep = ["RELAX_INITIAL_NODE_GROUP", "RELAX_API_TOKEN", "RAY_AUTH_MODE", "ENABLE_AFFINITY", "HF_HUB_OFFLINE",
-        "OMP_NUM_THREADS", "TOKENIZERS_PARALLELISM", "RELAX_ENGINE_API_KEY", "RELAX_SGLANG_API_KEY"]
+        "OMP_NUM_THREADS", "TOKENIZERS_PARALLELISM", "RELAX_ENGINE_API_KEY", "RELAX_SGLANG_API_KEY",
+        "RELAX_EXTERNAL_ENGINE_API_KEY"]
 env = {k: os.environ[k] for k in keep if k in os.environ}
 env.setdefault("TOKENIZERS_PARALLELISM", "false")
 runtime = {"env_vars": env}
