@@ -34,6 +34,8 @@ from typing import Any
 
 import torch
 
+from relax.cluster.rendezvous_store import bound_store
+
 __all__ = ["BACKENDS", "DEFAULT_GROUP_NAME", "WeightGroup", "host_rendezvous", "init_weight_group"]
 
 log = logging.getLogger(__name__)
@@ -75,11 +77,9 @@ class WeightGroup:
 
 
 def host_rendezvous(address: str, world_size: int, timeout_s: float) -> tuple[Any, int]:
-    """Rank 0's TCP store on a free port of ``address``: what ``tcp://address:port`` reaches; ``(store, port)``."""
-    from torch.distributed import TCPStore
-
-    store = TCPStore(address, 0, world_size, is_master=True, wait_for_workers=False, multi_tenant=True,
-                     timeout=timedelta(seconds=timeout_s))
+    """Rank 0's TCP store on a free port of ``address`` (listening there only): what ``tcp://address:port``
+    reaches; ``(store, port)``."""
+    store = bound_store(address, 0, world_size, timeout_s)
     return store, int(store.port)
 
 

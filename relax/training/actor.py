@@ -387,8 +387,14 @@ class TrainerActor:
             self.device, backend = torch.device("cuda", 0), "nccl"
         else:
             self.device, backend = torch.device("cpu"), "gloo"
-        dist.init_process_group(backend, rank=rank, world_size=world_size,
-                                timeout=timedelta(seconds=config.dist_timeout_s))
+        timeout = timedelta(seconds=config.dist_timeout_s)
+        if rank == 0:  # the group's store listens on master_addr only, not on every interface
+            from relax.cluster.rendezvous_store import bound_store
+
+            store = bound_store(str(master_addr), int(master_port), world_size, config.dist_timeout_s)
+        else:
+            store = dist.TCPStore(str(master_addr), int(master_port), world_size, is_master=False, timeout=timeout)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
         _seed_everything(config.seed)
         self.precision = resolve_precision(config.precision, self.device.type)
         warning = precision_fallback_warning(config.precision, self.device.type)

@@ -101,6 +101,31 @@ def _running(url: str) -> float:
                if s.name == "sglang:num_running_reqs")
 
 
+def test_the_run_listens_on_loopback_only(stack) -> None:
+    """After a broadcast publication (the trainer's process group and one weight group per engine are open): no
+    process of the run — Ray's, the trainer's, the manager's, the engines' — listens outside loopback."""
+    import ipaddress
+
+    import psutil
+
+    def loopback(address: str) -> bool:
+        ip = ipaddress.ip_address(address)
+        mapped = getattr(ip, "ipv4_mapped", None)
+        return ip.is_loopback or (mapped is not None and mapped.is_loopback)
+
+    manager, trainer = stack
+    assert trainer.sender is not None  # rank 0 holds open weight groups from the broadcast above
+    outside = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            for conn in proc.net_connections(kind="inet"):
+                if conn.status == psutil.CONN_LISTEN and not loopback(conn.laddr.ip):
+                    outside.append(f"{proc.pid} {' '.join(proc.cmdline())[:120]} on {conn.laddr.ip}:{conn.laddr.port}")
+        except psutil.NoSuchProcess:
+            continue
+    assert not outside, "\n".join(outside)
+
+
 def test_publication_under_load_pauses_only_for_the_load_and_loses_nothing(stack) -> None:
     """Pause -> load -> continue under continuous generation: every request answered once and in full, no
     engine FAILED, the pause lasts about the load, and a request that crossed the load counts as its
