@@ -99,8 +99,10 @@ def run(owner_pid: int, argv: Sequence[str], *, poll_s: float = POLL_S, grace_s:
         except subprocess.TimeoutExpired:
             pass
         else:
-            if code < 0:  # the server died of a signal: die of the same one, so our owner sees what it saw
-                signal.signal(-code, signal.SIG_DFL)
+            if code < 0:  # the server died of a signal: say which, then die of the same one (our owner sees it)
+                print(f"relax guard: server pid {child.pid} {describe_exit(code)}", file=sys.stderr, flush=True)
+                if -code not in (signal.SIGKILL, signal.SIGSTOP):  # those two cannot be caught or reset
+                    signal.signal(-code, signal.SIG_DFL)
                 os.kill(os.getpid(), -code)
             return code
         if not stopping.is_set() and not owner_alive(owner_pid):
@@ -108,6 +110,19 @@ def run(owner_pid: int, argv: Sequence[str], *, poll_s: float = POLL_S, grace_s:
                   "group", file=sys.stderr, flush=True)
             _stop_group(child, grace_s)
             return 137
+
+
+def describe_exit(code: int) -> str:
+    """``Popen.returncode`` in words: ``exited with code 1``, or ``was killed by SIGKILL (signal 9) — out of
+    memory?`` (the kernel's OOM killer and Ray's memory monitor both send SIGKILL)."""
+    if code >= 0:
+        return f"exited with code {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    hint = " — out of memory?" if -code == signal.SIGKILL else ""
+    return f"was killed by {name} (signal {-code}){hint}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

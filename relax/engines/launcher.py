@@ -23,6 +23,8 @@ from pathlib import Path
 
 import httpx
 
+from relax.engines.guard import describe_exit
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_HEALTH_PATH = "/health_generate"
@@ -252,7 +254,7 @@ class ServerProcess:
             while True:
                 code = self._proc.poll()
                 if code is not None:
-                    raise self._launch_error(f"exited with code {code} before it became healthy", code)
+                    raise self._launch_error(f"{describe_exit(code)} before it became healthy", code)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise self._launch_error(f"not healthy after {timeout:.0f}s (last probe: {last_problem})", None)

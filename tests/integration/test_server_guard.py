@@ -126,6 +126,18 @@ def test_the_guard_passes_the_exit_code_and_signals_through(tmp_path: Path) -> N
     _wait_gone([child.pid], timeout=5)
 
 
+def test_a_server_killed_by_sigkill_is_reported_as_such_without_a_traceback() -> None:
+    """An OOM kill reads as one: the guard names the signal and dies of it too (no Python traceback)."""
+    killed = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"  # what the kernel's OOM killer does
+    run = subprocess.run([sys.executable, "-m", "relax.engines.guard", "--owner-pid", str(os.getpid()), "--",
+                          sys.executable, "-c", killed], capture_output=True, text=True, timeout=30)
+    assert run.returncode == -signal.SIGKILL
+    assert "was killed by SIGKILL (signal 9) — out of memory?" in run.stderr
+    assert "Traceback" not in run.stderr, run.stderr
+    assert guard.describe_exit(1) == "exited with code 1"
+    assert guard.describe_exit(-signal.SIGTERM) == "was killed by SIGTERM (signal 15)"
+
+
 def test_a_server_that_does_not_watch_its_parent_dies_with_a_sigkilled_guard() -> None:
     """As Ray kills a dead worker's children: the guard gets SIGKILL and runs no code; its server must go too."""
     proc, child = _guarded_sleeper()
@@ -142,3 +154,32 @@ def test_a_guard_without_a_command_explains_itself(capsys) -> None:
     with pytest.raises(SystemExit):
         guard.main(["--owner-pid", str(os.getppid()), "--"])
     assert "no server command" in capsys.readouterr().err
+
+
+def test_a_paused_server_stops_promptly_on_sigterm(start_engine, tiny_preset) -> None:
+    """A request held by a pause never finishes on its own; SIGTERM must not wait for it until the SIGKILL."""
+    import httpx
+
+    server = start_engine(tiny_preset.model_dir)
+    assert httpx.post(f"{server.url}/pause_generation", json={"mode": "in_place"}, timeout=10,
+                      trust_env=False).status_code == 200
+    held = subprocess.Popen([sys.executable, "-c", f"import httpx; httpx.post('{server.url}/generate', json="
+                             "{'input_ids': [1, 2, 3], 'sampling_params': {'max_new_tokens': 8}}, timeout=60)"])
+    try:
+        deadline = time.monotonic() + 30
+        def queued() -> float:
+            text = httpx.get(f"{server.url}/metrics", timeout=10, trust_env=False).text
+            return sum(float(line.split()[-1]) for line in text.splitlines()
+                       if line.startswith("sglang:num_queue_reqs") or line.startswith("sglang:num_running_reqs"))
+
+        while queued() < 1:
+            assert time.monotonic() < deadline, "the held request never reached the engine"
+            time.sleep(0.05)
+        began = time.monotonic()
+        code = server.stop(grace_s=30)  # SIGTERM the group, SIGKILL only after 30 s
+        took = time.monotonic() - began
+        print(f"paused server stopped {took:.2f}s after SIGTERM (exit {code})")
+        assert code is not None and code != -signal.SIGKILL and took < 10, (code, took)
+    finally:
+        held.kill()
+        held.wait(timeout=10)

@@ -464,6 +464,10 @@ def _orphaned() -> None:
     os._exit(137)
 
 
+#: How long a SIGTERMed server waits for requests in flight before it cancels them and stops.
+SHUTDOWN_GRACE_S = 1.0
+
+
 def serve(args: ServerArgs) -> int:
     """Run the server until SIGTERM/SIGINT (uvicorn handles both and runs the shutdown hook); 2 when the
     checkpoint cannot be served as asked (the reason goes to stderr, not a traceback)."""
@@ -481,5 +485,8 @@ def serve(args: ServerArgs) -> int:
     log.info("built-in engine serving %s on http://%s:%d (weight_version=%s, device=%s, model_impl=%s)",
              server.model_path, args.host, args.port, server.engine.weight_version, server.device,
              server.served_by.value)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+    # On SIGTERM uvicorn waits for requests in flight; requests held by a pause (a weight load) never finish,
+    # so after SHUTDOWN_GRACE_S they are cancelled and the server stops (their callers retry elsewhere).
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False,
+                timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
     return 0
