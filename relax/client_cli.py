@@ -136,9 +136,10 @@ class ApiClient:
             detail = _clip(response.text) if detail is None else json.dumps(detail)
         if status == 401:
             if not self.token:
-                message = f"401 unauthorized: this control plane requires a token; set {TOKEN_ENV} to the run's token"
+                message = (f"401 unauthorized: this control plane requires the run's token; set {TOKEN_ENV} (a run on "
+                           "this machine writes it to ~/.relax/api-tokens/<port> and <output dir>/api-token)")
             else:
-                message = f"401 unauthorized: {TOKEN_ENV} was rejected ({detail})"
+                message = f"401 unauthorized: the run's token ({TOKEN_ENV} or its token file) was rejected ({detail})"
             return ApiError(message, EXIT_USAGE, status=status)
         if status == 409:
             running = body.get("running_request_id") if isinstance(body, dict) else None
@@ -333,7 +334,9 @@ def events_table(body: Mapping[str, Any]) -> Table:
 
 def _client(args: argparse.Namespace) -> ApiClient:
     url = args.url or os.environ.get(URL_ENV) or DEFAULT_URL
-    return ApiClient(url, os.environ.get(TOKEN_ENV) or None, timeout=args.http_timeout)
+    from relax.cluster.api_token import find_token
+
+    return ApiClient(url, find_token(url), timeout=args.http_timeout)
 
 
 def _print_json(body: Any) -> None:

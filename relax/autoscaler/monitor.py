@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
-import os
 import re
 import sys
 import time
@@ -581,8 +580,9 @@ def _answer(response: httpx.Response, url: str, token: str | None) -> Any:
     status = response.status_code
     if status == 401:
         if token:
-            raise MonitorError(f"401 unauthorized: the token in ${TOKEN_ENV} was rejected by {url}")
-        raise MonitorError(f"401 unauthorized: {url} requires a token; set ${TOKEN_ENV} to the run's token")
+            raise MonitorError(f"401 unauthorized: the token (${TOKEN_ENV} or the run's file) was rejected by {url}")
+        raise MonitorError(f"401 unauthorized: {url} requires the run's token; set ${TOKEN_ENV} (a run on this machine "
+                           "writes it to ~/.relax/api-tokens/<port>)")
     path = response.request.url.path
     if status == 404:
         raise MonitorError(f"{url} is not an autoscaler endpoint (GET {path} answered 404)")
@@ -876,9 +876,11 @@ def _launch(app: App[int]) -> int:
 
 def run_monitor(args: argparse.Namespace) -> int:
     """``relax monitor``: check the URL once, then run the dashboard until ``q``; returns the exit code."""
-    token = os.environ.get(TOKEN_ENV) or None
+    from relax.cluster.api_token import find_token
+
     try:
         url = normalize_url(args.url)
+        token = find_token(url)
         check_endpoint(url, token, timeout=args.http_timeout)
     except MonitorError as exc:
         print(f"relax monitor: {exc.message}", file=sys.stderr)

@@ -68,10 +68,17 @@ class RunApi:
 
     def __init__(self, url: str, token: str | None = None) -> None:
         self.url = url
-        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._token = token
+
+    def headers(self) -> dict[str, str]:
+        """The run's token: given, ``RELAX_API_TOKEN``, or the one the run wrote for its port on this machine."""
+        from relax.cluster.api_token import find_token
+
+        token = self._token or find_token(self.url)
+        return {"Authorization": f"Bearer {token}"} if token else {}
 
     def _get(self, path: str) -> httpx.Response:
-        response = httpx.get(f"{self.url}{path}", timeout=5, trust_env=False, headers=self._headers)
+        response = httpx.get(f"{self.url}{path}", timeout=5, trust_env=False, headers=self.headers())
         response.raise_for_status()
         return response
 

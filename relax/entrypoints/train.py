@@ -87,6 +87,7 @@ class Driver:
         self.manager: Any = None
         self.trainer: Any = None
         self.control_plane: Any = None
+        self._token: tuple[str, Path] | None = None  # the control plane's token and its lookup file
 
     # ------------------------------------------------------------------ setup
     def _install_signals(self) -> None:
@@ -211,11 +212,16 @@ class Driver:
         )
         engines = self._result(engines_ref)
         log.info("%d initial engine(s) ACTIVE: %s", len(engines), ", ".join(e["engine_id"] for e in engines))
+        from relax.cluster.api_token import run_token, write_token
+
+        token = run_token()  # every run has one: RELAX_API_TOKEN, else a fresh one
         self.control_plane, url = spawn_control_plane(
-            self.manager, self.args.api_host, self.args.api_port, os.environ.get("RELAX_API_TOKEN") or None,
+            self.manager, self.args.api_host, self.args.api_port, token,
             self.plan.control_plane_options() or None, autoscaler_factory=self._autoscaler_factory(),
         )
-        log.info("control plane at %s (REST: %s/rollout/engines, metrics: %s/metrics)", url, url, url)
+        self._token = (token, write_token(token, self.args.api_port, self.run_dir))
+        log.info("control plane at %s (REST: %s/rollout/engines, metrics: %s/metrics); its token is in %s "
+                 "(mode 0600): the relax CLI finds it there", url, url, url, self._token[1])
         return 0
 
     def _autoscaler_factory(self) -> Any:
@@ -470,6 +476,10 @@ class Driver:
             except Exception as exc:
                 log.warning("control plane shutdown: %s", exc)
             ray.kill(self.control_plane, no_restart=True)
+        if self._token is not None:
+            from relax.cluster.api_token import withdraw_token
+
+            withdraw_token(self._token[1], self._token[0])
         if self.manager is not None:
             try:
                 ray.get(self.manager.shutdown.remote(), timeout=60)

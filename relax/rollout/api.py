@@ -52,8 +52,8 @@ log = logging.getLogger("relax.api")
 
 __all__ = ["RolloutBackend", "create_app", "status_of"]
 
-OPEN_PATHS = frozenset({"/health"})
-"""Paths served without a token: a load balancer or liveness probe must not need the secret."""
+OPEN_PATHS = frozenset({"/health", "/metrics"})
+"""Paths served without a token: a load balancer, a liveness probe or Prometheus must not need the secret."""
 
 MAX_EVENTS_LIMIT = 10_000
 

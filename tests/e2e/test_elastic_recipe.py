@@ -56,7 +56,7 @@ PREEMPTION_DEADLINE_S = 20.0  # a provider's notice: GKE gives ~15 s by default,
 def eviction_record(api: RunApi, engine_id: str) -> dict | None:
     """The measures of ``engine_id``'s eviction, once it is removed (its ``engine_state`` event's details)."""
     events = httpx.get(f"{api.url}/rollout/events", params={"limit": 500, "kind": "engine_state"}, timeout=5,
-                       trust_env=False).json()["events"]
+                       trust_env=False, headers=api.headers()).json()["events"]
     return next((e["details"] for e in events if engine_id in e["engine_ids"]
                  and "notice_to_gone_s" in e.get("details", {})), None)
 
@@ -74,7 +74,8 @@ def diagnostics(api: RunApi, jobs, job_id: str) -> str:
     for path in ("/autoscaler/status", "/autoscaler/health", "/autoscaler/conditions", "/autoscaler/scale_history",
                  "/rollout/scale_out", "/rollout/scale_in", "/rollout/events"):
         try:
-            parts.append(f"{path}: {json.dumps(httpx.get(api.url + path, timeout=5, trust_env=False).json())[:3000]}")
+            answer = httpx.get(api.url + path, timeout=5, trust_env=False, headers=api.headers()).json()
+            parts.append(f"{path}: {json.dumps(answer)[:3000]}")
         except Exception as exc:  # diagnostics must not hide the real failure
             parts.append(f"{path}: {exc!r}")
     parts.append("job log tail:\n" + jobs.get_job_logs(job_id)[-6000:])
@@ -108,7 +109,7 @@ def test_recipe_three_checks_on_an_elastic_cluster(cluster, jobs, tiny_preset, t
             raise AssertionError(f"{exc}\n{diagnostics(api, jobs, job_id)}") from None
 
     def requests(direction: str) -> list[dict]:
-        return httpx.get(f"{api.url}/rollout/{direction}", timeout=5, trust_env=False).json()
+        return httpx.get(f"{api.url}/rollout/{direction}", timeout=5, trust_env=False, headers=api.headers()).json()
 
     try:
         # 1. training advances with the initial engines ACTIVE
@@ -140,7 +141,8 @@ def test_recipe_three_checks_on_an_elastic_cluster(cluster, jobs, tiny_preset, t
                 "a scale-out request of the load to end ACTIVE or PARTIAL")
             assert outs
             # the preemption must leave an added engine for the scale-in below: wait for the whole ceiling
-            ceiling = httpx.get(f"{api.url}/autoscaler/status", timeout=5, trust_env=False).json()["ceiling"]
+            ceiling = httpx.get(f"{api.url}/autoscaler/status", timeout=5, trust_env=False,
+                                headers=api.headers()).json()["ceiling"]
             expect(lambda: len(api.active()) >= ceiling, 240, f"the pool at its ceiling of {ceiling} engines")
         finally:
             burst.terminate()  # its connections close: the engines abort what it left (SGLang's rule)
@@ -192,7 +194,7 @@ def test_recipe_three_checks_on_an_elastic_cluster(cluster, jobs, tiny_preset, t
         assert all(h["from_engines"] - h["to_engines"] == 1 for h in ins)
         cooldown = api.autoscaler_config()["scale_in_cooldown_secs"]
         assert all(b["time"] - a["time"] >= cooldown for a, b in zip(ins, ins[1:], strict=False))
-        health = httpx.get(f"{api.url}/autoscaler/health", timeout=5, trust_env=False).json()
+        health = httpx.get(f"{api.url}/autoscaler/health", timeout=5, trust_env=False, headers=api.headers()).json()
         print("\n".join(f"  {h['time']:.1f} {h['action']} {h['from_engines']}->{h['to_engines']} "
                         f"accepted={h['accepted']} {h['reason']}" for h in history))
         print(f"\nelastic e2e: load start -> first extra engine ACTIVE {first_extra_s:.1f}s; "

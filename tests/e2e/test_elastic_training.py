@@ -24,13 +24,14 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]  # the waits below add 
 
 
 def post(api: RunApi, path: str, body: dict) -> dict:
-    response = httpx.post(f"{api.url}{path}", json=body, timeout=10, trust_env=False)
+    response = httpx.post(f"{api.url}{path}", json=body, timeout=10, trust_env=False, headers=api.headers())
     assert response.status_code == 200, response.text
     return response.json()
 
 
 def request_done(api: RunApi, direction: str, request_id: str) -> dict | None:
-    record = httpx.get(f"{api.url}/rollout/{direction}/{request_id}", timeout=5, trust_env=False).json()
+    record = httpx.get(f"{api.url}/rollout/{direction}/{request_id}", timeout=5, trust_env=False,
+                       headers=api.headers()).json()
     return record if record["status"] in ("ACTIVE", "PARTIAL", "FAILED", "CANCELLED", "COMPLETED") else None
 
 
@@ -70,6 +71,12 @@ def test_rest_scaling_while_training(tiny_preset, tmp_path: Path) -> None:
         # start-up alone took 3 min 20 s once with the other worker's e2e run beside it on two cores
         wait(lambda: api.training_step() >= 3, 420, "training to start")
 
+        # closed by default: no RELAX_API_TOKEN was set, yet a caller without the run's token changes nothing
+        anonymous = httpx.post(f"{api.url}/rollout/scale_out", json={"engine_urls": ["http://127.0.0.1:9"]},
+                               timeout=10, trust_env=False)
+        assert anonymous.status_code == 401 and len(api.active()) == 2
+        assert (out / "api-token").stat().st_mode & 0o777 == 0o600
+
         before = api.training_step()
         request = post(api, "/rollout/scale_out", {"num_replicas": 4})
         record = wait(lambda: request_done(api, "scale_out", request["request_id"]), 180, "scale-out")
@@ -78,7 +85,8 @@ def test_rest_scaling_while_training(tiny_preset, tmp_path: Path) -> None:
         # training goes on across the scale-out (on a slow machine the step may land just after it)
         grown = wait(lambda: (step := api.training_step()) > before and step, 120, "training to advance")
 
-        events = httpx.get(f"{api.url}/rollout/events", params={"limit": 200}, timeout=5, trust_env=False).json()
+        events = httpx.get(f"{api.url}/rollout/events", params={"limit": 200}, timeout=5, trust_env=False,
+                           headers=api.headers()).json()
         joined = [e for e in events["events"] if e["kind"] == "engine_state" and e["message"].startswith("ACTIVE")
                   and set(e["engine_ids"]) & set(record["engine_ids"])]
         assert len(joined) == 2

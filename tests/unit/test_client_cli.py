@@ -149,13 +149,28 @@ def test_bad_url_exit_2(relax):
     assert code == 2 and "http://" in err
 
 
-def test_missing_and_wrong_token_401(relax, monkeypatch):
+def test_missing_and_wrong_token_401(relax, monkeypatch, tmp_path):
     monkeypatch.delenv("RELAX_API_TOKEN")
+    monkeypatch.setenv("HOME", str(tmp_path))  # no run on this machine wrote a token for the port
     code, _, err = relax("engines")
     assert code == 2 and "401" in err and "set RELAX_API_TOKEN" in err
     monkeypatch.setenv("RELAX_API_TOKEN", "nope")
     code, _, err = relax("events")
-    assert code == 2 and "RELAX_API_TOKEN was rejected" in err
+    assert code == 2 and "was rejected" in err
+
+
+def test_the_token_a_run_wrote_on_this_machine_is_found_without_the_variable(relax, server, monkeypatch, tmp_path):
+    from urllib.parse import urlsplit
+
+    from relax.cluster.api_token import write_token
+
+    monkeypatch.delenv("RELAX_API_TOKEN")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "run").mkdir()
+    lookup = write_token(TOKEN, urlsplit(server.url).port, tmp_path / "run")  # what the driver does
+    code, out, _ = relax("engines", "--json")
+    assert code == 0 and "engines" in out
+    assert lookup.stat().st_mode & 0o777 == 0o600 and lookup.parent.stat().st_mode & 0o777 == 0o700
 
 
 def test_not_a_control_plane_url(relax, server):

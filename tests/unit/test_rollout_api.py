@@ -414,11 +414,12 @@ async def test_metrics_is_503_when_the_backend_cannot_answer():
 # -- auth -------------------------------------------------------------------------------------------
 
 
-async def test_token_guards_every_route_but_health(backend):
+async def test_token_guards_every_route_but_health_and_metrics(backend):
     app = create_app(backend, token=TOKEN)
     async with _client(app) as anonymous:
         assert (await anonymous.get("/health")).json() == {"status": "ok"}
-        for method, path in (("GET", "/rollout/engines"), ("POST", "/rollout/scale_out"), ("GET", "/metrics"),
+        assert (await anonymous.get("/metrics")).status_code == 200  # Prometheus scrapes without the secret
+        for method, path in (("GET", "/rollout/engines"), ("POST", "/rollout/scale_out"), ("GET", "/autoscaler/x"),
                              ("GET", "/rollout/events"), ("GET", "/openapi.json"), ("GET", "/docs")):
             r = await anonymous.request(method, path)
             assert r.status_code == 401, (method, path)
