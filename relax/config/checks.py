@@ -13,7 +13,8 @@ import socket
 import struct
 from pathlib import Path
 
-__all__ = ["check_hf_checkpoint", "check_port_free", "safetensors_problem"]
+__all__ = ["check_hf_checkpoint", "check_load", "check_model_type", "check_port_free", "check_weight_shapes",
+           "safetensors_problem"]
 
 
 def safetensors_problem(path: Path) -> str | None:
@@ -69,6 +70,9 @@ def check_hf_checkpoint(path: str | None, flag: str = "--hf-checkpoint") -> list
         return [f"{config} is not valid JSON ({exc}); re-save the model or restore the file"]
     if not isinstance(parsed, dict) or "model_type" not in parsed and "architectures" not in parsed:
         return [f"{config} has neither model_type nor architectures: not a Hugging Face model config"]
+    unknown = check_model_type(config, parsed)
+    if unknown:
+        return [unknown]
     weights = sorted(p.glob("*.safetensors"))
     if not weights:
         if any(p.glob("*.bin")):
@@ -100,4 +104,78 @@ def check_port_free(host: str, port: int, flag: str = "--api-port") -> str | Non
                 return (f"{flag} {port}: {host}:{port} is already in use by another process (another run?); "
                         f"pick a free port with {flag} or stop that process")
             return f"{flag} {port}: cannot bind {host}:{port}: {exc.strerror or exc}"
+    return None
+
+
+def check_model_type(config: Path, parsed: dict) -> str | None:
+    """Why transformers cannot build the model ``config.json`` describes (an unknown ``model_type``), or None.
+
+    A config that brings its own code (``auto_map``) is left to ``--trust-remote-code`` and the model's load.
+    """
+    model_type = parsed.get("model_type")
+    if not isinstance(model_type, str) or "auto_map" in parsed:
+        return None
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    if model_type in CONFIG_MAPPING_NAMES:
+        return None
+    return (f"{config}: model_type {model_type!r} is not a model type transformers {transformers.__version__} "
+            "knows; fix config.json, or use a transformers release that has this model")
+
+
+def check_weight_shapes(path: str | Path, flag: str = "--hf-checkpoint") -> list[str]:
+    """Tensors of the weights files whose shape is not the one the model of ``config.json`` has (one line each).
+
+    The model is built on torch's meta device (no memory, no weights read) and compared with the safetensors
+    headers, so a file whose header is valid but whose tensors belong to another model size fails here, not
+    when the trainer and every engine load it. Names the model does not have are left to the load.
+    """
+    import torch
+    from safetensors import safe_open
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    p = Path(path)
+    try:
+        config = AutoConfig.from_pretrained(str(p))
+        with torch.device("meta"):
+            expected = {k: tuple(v.shape) for k, v in AutoModelForCausalLM.from_config(config).state_dict().items()}
+    except Exception:  # noqa: BLE001 - a model transformers cannot build here is reported by the load itself
+        return []
+    problems = []
+    for weights in sorted(p.glob("*.safetensors")):
+        with safe_open(str(weights), "pt") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
+                shape = tuple(f.get_slice(name).get_shape())
+                want = expected.get(name)
+                if want is not None and shape != want:
+                    problems.append(f"{weights}: tensor {name} has shape {list(shape)}, the model of config.json "
+                                    f"needs {list(want)}; the weights and config.json are of different models")
+                    if len(problems) >= 3:
+                        return [*problems, f"({flag}: further mismatches not listed)"]
+    return problems
+
+
+def check_load(load: str | None, save: str | None) -> str | None:
+    """Why ``--load`` cannot resume anything, or None (one line, before anything starts).
+
+    ``--load`` pointing at ``--save`` on a run's first start (slime's idiom) is fine: there is nothing there yet
+    and the run starts from ``--hf-checkpoint``.
+    """
+    if not load:
+        return None
+    p = Path(load)
+    same_as_save = save is not None and p.resolve() == Path(save).resolve()
+    if not p.exists():
+        if same_as_save:
+            return None
+        return (f"--load {load}: no such directory; give a checkpoint directory or the --save directory of an earlier "
+                "run (or leave --load out to start from --hf-checkpoint)")
+    if not p.is_dir():
+        return f"--load {load} is not a directory (give a checkpoint directory or a --save directory)"
+    has_checkpoints = (p / "trainer_state.json").is_file() or any(c.name.startswith("step_") for c in p.iterdir())
+    is_hf_model = (p / "config.json").is_file() and (any(p.glob("*.safetensors")) or any(p.glob("*.bin")))
+    if is_hf_model and not has_checkpoints:
+        return (f"--load {load} is a Hugging Face model directory, not a Relax checkpoint: give it as "
+                "--hf-checkpoint (--load resumes a run from its --save directory or one of its checkpoints)")
     return None

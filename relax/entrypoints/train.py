@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from relax.autoscaler.config import load_autoscaler_config
-from relax.config.checks import check_hf_checkpoint, check_port_free
+from relax.config.checks import check_hf_checkpoint, check_load, check_port_free, check_weight_shapes
 from relax.config.flags import ConfigError, TrainArgs, UnfinishedRequests, fail, parse_args_or_exit
 from relax.config.plan import Plan, build_plan, format_plan, validate_paths, validate_plan_against_cluster
 from relax.engines.sglang import engine_secret, external_engine_key
@@ -35,6 +35,11 @@ def preflight(args: TrainArgs) -> None:
     """Every check that needs no cluster, before anything starts (clear errors, exit 2)."""
     problems = [p for p in validate_paths(args) if not p.startswith("--hf-checkpoint")]
     problems += check_hf_checkpoint(args.hf_checkpoint)
+    if not problems:
+        problems += check_weight_shapes(args.hf_checkpoint)
+    load_problem = check_load(args.load, args.save)
+    if load_problem:
+        problems.append(load_problem)
     if not args.prompt_data:
         problems.append("--prompt-data is required (a JSONL file of prompts)")
     port_problem = check_port_free(args.api_host, args.api_port)
@@ -49,20 +54,43 @@ def preflight(args: TrainArgs) -> None:
     if args.apply_chat_template:
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(args.hf_checkpoint)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(args.hf_checkpoint)
+        except Exception as exc:  # noqa: BLE001 - any broken tokenizer file: one line, not transformers' traceback
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            fail(ConfigError(f"--hf-checkpoint {args.hf_checkpoint}: its tokenizer cannot be loaded ({first}); "
+                             "restore tokenizer.json / tokenizer_config.json from the original model"))
     try:  # malformed data files fail here, with the line number, not an hour into the run
-        for path in [args.prompt_data, *(p for _name, p in args.eval_prompt_data)]:
-            load_prompt_data(
-                path, args.input_key, args.label_key, tokenizer=tokenizer, apply_chat_template=args.apply_chat_template
-            )
+        datasets = [load_prompt_data(path, args.input_key, args.label_key, tokenizer=tokenizer,
+                                     apply_chat_template=args.apply_chat_template)
+                    for path in [args.prompt_data, *(p for _name, p in args.eval_prompt_data)]]
         get_reward_fn(args.rm_type.value if args.rm_type else "tiny", args.custom_rm_path)
     except (DataError, RewardConfigError) as exc:
         fail(ConfigError(str(exc)))
+    if len(datasets[0]) < args.rollout_batch_size:
+        log.warning("--prompt-data %s has %d prompt(s), fewer than one batch (--rollout-batch-size %d): every "
+                    "step repeats prompts", args.prompt_data, len(datasets[0]), args.rollout_batch_size)
+    _warn_resume_past_the_end(args)
     from relax.cluster import scratch
 
     # Last, once the input is known good: two live runs must not write one output directory (held until exit).
     if owner := scratch.claim(Path(args.output_dir)):
         fail(ConfigError(f"--output-dir: {owner}; give this run its own --output-dir"))
+
+
+def _warn_resume_past_the_end(args: TrainArgs) -> None:
+    """A resume whose checkpoint already reached ``--num-rollout`` trains nothing: say so before it starts."""
+    if not args.load:
+        return
+    from relax.training.checkpoint import find_resume_checkpoint
+
+    try:
+        choice = find_resume_checkpoint(args.load)
+    except (OSError, ValueError):
+        return  # the resume itself reports it
+    if choice.path is not None and choice.step >= args.num_rollout:
+        log.warning("--load %s resumes at step %d and --num-rollout is %d: there is nothing left to train; raise "
+                    "--num-rollout to go on", choice.path, choice.step, args.num_rollout)
 
 
 class _StopRequested(Exception):
@@ -428,15 +456,22 @@ class Driver:
         """
         if not self.args.load:
             return 0, None
-        from relax.training.checkpoint import find_resume_checkpoint
+        from relax.training.checkpoint import find_resume_checkpoint, repair_latest
 
         choice = find_resume_checkpoint(self.args.load)
+        first_start = self.args.save and Path(self.args.load).resolve() == Path(self.args.save).resolve()
+        if choice.path is None and first_start:
+            log.info("--load %s is the --save directory and holds no checkpoint yet: starting from %s",
+                     self.args.load, self.args.hf_checkpoint)
+            return 0, None
         if choice.path is None:
             log.warning("--load %s: %s; the trainer loads it as given", self.args.load, choice.reason)
             path = Path(self.args.load)
         else:
             log.info("resuming from %s", choice.reason)
             path = choice.path
+            if repair_latest(self.args.load, choice.path):  # ``latest`` names the newest complete checkpoint
+                log.info("--load %s: %s now names %s", self.args.load, "latest", choice.path.name)
         extra = self.trainer.load(str(path))
         step = int(extra["step"])
         log.info("resumed from %s at step %d (data position %s)", path, step, extra.get("cursor"))

@@ -59,6 +59,7 @@ __all__ = [
     "hf_support_files",
     "is_complete",
     "read_latest",
+    "repair_latest",
     "read_optimizer_state",
     "read_trainer_state",
     "write_checkpoint",
@@ -191,6 +192,16 @@ class ResumeChoice:
     path: Path | None
     step: int
     reason: str
+
+
+def repair_latest(save_dir: str | Path, chosen: str | Path) -> bool:
+    """Point ``save_dir/latest`` at ``chosen`` (the newest complete checkpoint a resume picked) when it names
+    another or nothing; True when it was rewritten. A checkpoint outside ``save_dir`` changes nothing."""
+    root, chosen = Path(save_dir), Path(chosen)
+    if chosen.parent.resolve() != root.resolve() or read_latest(root) == chosen.name:
+        return False
+    write_latest(root, chosen)
+    return True
 
 
 def find_resume_checkpoint(load: str | Path) -> ResumeChoice:

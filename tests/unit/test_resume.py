@@ -20,6 +20,7 @@ from relax.training.checkpoint import (
     find_resume_checkpoint,
     is_complete,
     read_latest,
+    repair_latest,
     write_checkpoint,
     write_latest,
 )
@@ -63,6 +64,11 @@ def test_resume_takes_the_newest_complete_checkpoint_over_a_stale_pointer(tmp_pa
     assert "stale" in choice.reason and "step_000010" in choice.reason
     assert ".tmp-step_000030-1a2b3c4d" in choice.reason and "step_000040" in choice.reason  # said, not used
     assert not is_complete(unfinished) and not is_complete(partial)
+
+    # the resume makes the pointer right: it names the newest complete checkpoint from now on
+    assert repair_latest(root, choice.path) and read_latest(root) == "step_000020"
+    assert not repair_latest(root, choice.path)  # already right: untouched
+    assert not repair_latest(tmp_path / "elsewhere", choice.path)  # a checkpoint of another directory
 
 
 def test_a_missing_pointer_or_an_explicit_checkpoint(tmp_path: Path, hf_dir: Path) -> None:

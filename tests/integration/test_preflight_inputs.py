@@ -1,0 +1,102 @@
+"""The last inputs that failed late: each now fails in pre-flight, before Ray, with one line and no traceback.
+
+In-process (``preflight`` is what the driver runs before it connects to Ray), on copies of the tiny preset
+damaged the way a user damages them; plus the two mistakes that only deserve a warning.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from relax.config.flags import parse_args
+from relax.entrypoints.train import preflight
+
+
+def _args(preset, tmp_path: Path, *extra: str, model: Path | None = None):
+    return parse_args(["--fully-async", "--resource", '{"actor": [1, 1], "rollout": [1, 1]}', "--hf-checkpoint",
+                       str(model or preset.model_dir), "--prompt-data", str(preset.train_path),
+                       "--apply-chat-template", "--rm-type", "tiny", "--num-rollout", "2", "--rollout-batch-size",
+                       "4", "--n-samples-per-prompt", "4", "--global-batch-size", "16", "--api-port", "0",
+                       "--output-dir", str(tmp_path / "out"), *extra])
+
+
+def _one_line_failure(args, capsys) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        preflight(args)
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and "\n" not in err and "Traceback" not in err, err
+    return err
+
+
+def _copy(preset, tmp_path: Path) -> Path:
+    model = tmp_path / "model"
+    shutil.copytree(preset.model_dir, model)
+    return model
+
+
+def test_load_of_a_missing_directory(tiny_preset, tmp_path, capsys) -> None:
+    err = _one_line_failure(_args(tiny_preset, tmp_path, "--load", str(tmp_path / "nope")), capsys)
+    assert "--load" in err and "no such directory" in err
+
+
+def test_load_of_the_save_directory_on_a_first_start_is_fine(tiny_preset, tmp_path) -> None:
+    ckpt = str(tmp_path / "ckpt")
+    preflight(_args(tiny_preset, tmp_path, "--load", ckpt, "--save", ckpt))  # slime's idiom: nothing there yet
+
+
+def test_load_of_a_hugging_face_model_directory(tiny_preset, tmp_path, capsys) -> None:
+    err = _one_line_failure(_args(tiny_preset, tmp_path, "--load", str(tiny_preset.model_dir)), capsys)
+    assert "is a Hugging Face model directory, not a Relax checkpoint" in err and "--hf-checkpoint" in err
+
+
+def test_a_model_type_transformers_does_not_know(tiny_preset, tmp_path, capsys) -> None:
+    model = _copy(tiny_preset, tmp_path)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "model_type": "qwen9"}))
+    err = _one_line_failure(_args(tiny_preset, tmp_path, model=model), capsys)
+    assert "model_type 'qwen9' is not a model type transformers" in err
+
+
+def test_weights_of_another_shape_with_a_valid_header(tiny_preset, tmp_path, capsys) -> None:
+    model = _copy(tiny_preset, tmp_path)
+    state = load_file(str(model / "model.safetensors"))
+    state["model.norm.weight"] = torch.ones(state["model.norm.weight"].numel() * 2)
+    save_file(state, str(model / "model.safetensors"), metadata={"format": "pt"})
+    err = _one_line_failure(_args(tiny_preset, tmp_path, model=model), capsys)
+    assert "tensor model.norm.weight has shape" in err and "different models" in err
+
+
+def test_a_garbage_tokenizer(tiny_preset, tmp_path, capsys) -> None:
+    model = _copy(tiny_preset, tmp_path)
+    (model / "tokenizer.json").write_text("{not json")
+    err = _one_line_failure(_args(tiny_preset, tmp_path, model=model), capsys)
+    assert "its tokenizer cannot be loaded" in err
+
+
+def test_a_prompt_file_smaller_than_one_batch_is_warned_about(tiny_preset, tmp_path, caplog) -> None:
+    small = tmp_path / "small.jsonl"
+    small.write_text("".join(tiny_preset.train_path.read_text().splitlines(keepends=True)[:2]))
+    args = dataclasses.replace(_args(tiny_preset, tmp_path), prompt_data=str(small))
+    with caplog.at_level(logging.WARNING, logger="relax.train"):
+        preflight(args)
+    assert "has 2 prompt(s), fewer than one batch (--rollout-batch-size 4)" in caplog.text
+
+
+def test_a_resume_past_num_rollout_is_warned_about(tiny_preset, tmp_path, caplog) -> None:
+    from relax.training.checkpoint import STATE_FILE, checkpoint_name
+
+    save = tmp_path / "ckpt"
+    done = save / checkpoint_name(5)
+    done.mkdir(parents=True)
+    (done / STATE_FILE).write_text(json.dumps({"format_version": 1, "step": 5, "world_size": 1}))
+    with caplog.at_level(logging.WARNING, logger="relax.train"):
+        preflight(_args(tiny_preset, tmp_path, "--load", str(done)))
+    assert "resumes at step 5 and --num-rollout is 2: there is nothing left to train" in caplog.text
