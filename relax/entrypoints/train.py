@@ -36,7 +36,14 @@ def preflight(args: TrainArgs) -> None:
     problems = [p for p in validate_paths(args) if not p.startswith("--hf-checkpoint")]
     problems += check_hf_checkpoint(args.hf_checkpoint)
     if not problems:
-        problems += check_weight_shapes(args.hf_checkpoint)
+        from relax.engines.builtin.decoder import parameter_shapes
+
+        config = json.loads((Path(args.hf_checkpoint) / "config.json").read_text(encoding="utf-8"))
+        try:
+            expected = parameter_shapes(config)  # milliseconds for Qwen3/Llama; else transformers' meta model
+        except (KeyError, TypeError, ValueError):
+            expected = None
+        problems += check_weight_shapes(args.hf_checkpoint, expected)
     load_problem = check_load(args.load, args.save)
     if load_problem:
         problems.append(load_problem)

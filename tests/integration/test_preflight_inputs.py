@@ -16,6 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from relax.config.checks import check_weight_shapes
 from relax.config.flags import parse_args
 from relax.entrypoints.train import preflight
 
@@ -72,6 +73,10 @@ def test_weights_of_another_shape_with_a_valid_header(tiny_preset, tmp_path, cap
     save_file(state, str(model / "model.safetensors"), metadata={"format": "pt"})
     err = _one_line_failure(_args(tiny_preset, tmp_path, model=model), capsys)
     assert "tensor model.norm.weight has shape" in err and "different models" in err
+    # the same from transformers' meta model, for architectures the built-in decoder does not know
+    (problem,) = check_weight_shapes(model)
+    assert "tensor model.norm.weight has shape" in problem
+    assert check_weight_shapes(tiny_preset.model_dir) == []
 
 
 def test_a_garbage_tokenizer(tiny_preset, tmp_path, capsys) -> None:

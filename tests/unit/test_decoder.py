@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from relax.engines.builtin.decoder import DecoderForCausalLM, load_decoder, native_config
+from relax.engines.builtin.decoder import DecoderForCausalLM, load_decoder, native_config, parameter_shapes
 from relax.engines.builtin.model_impl import ModelImpl, ModelImplError
 from relax.engines.builtin.model_runner import ModelRunner, load_model
 
@@ -179,3 +179,11 @@ def test_weights_of_the_wrong_shape_are_refused_by_name(tmp_path: Path) -> None:
     config = native_config({**raw, "intermediate_size": 80})
     with pytest.raises(ValueError, match=r"layers.0.mlp.gate_proj.weight \(96, 48\) != \(80, 48\)"):
         load_decoder(model_dir, config)
+
+
+def test_parameter_shapes_are_the_built_models_without_building_it(tiny_preset) -> None:
+    """What pre-flight compares a checkpoint's safetensors headers with (milliseconds, no weights built)."""
+    raw = json.loads((tiny_preset.model_dir / "config.json").read_text())
+    model = DecoderForCausalLM(native_config(raw))
+    assert parameter_shapes(raw) == {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    assert parameter_shapes({**raw, "model_type": "gemma"}) is None  # not served natively: transformers decides

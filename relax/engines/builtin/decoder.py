@@ -301,6 +301,19 @@ class DecoderForCausalLM(nn.Module):
         return Output(logits=self.lm_head(x[:, -logits_to_keep:, :] if logits_to_keep else x))
 
 
+def parameter_shapes(raw: dict[str, Any]) -> dict[str, tuple[int, ...]] | None:
+    """Every weight's shape of the checkpoint ``raw`` (its config.json) describes, without building any weight
+    (meta device: milliseconds, no transformers import); None for an architecture this module does not serve."""
+    cfg = native_config(raw)
+    if cfg is None:
+        return None
+    with torch.device("meta"):  # the backbone alone: the RoPE table's math on meta would import torch's refs (~2 s)
+        backbone = Backbone(cfg)
+    shapes = {f"model.{name}": tuple(t.shape) for name, t in backbone.state_dict().items()}
+    shapes["lm_head.weight"] = (cfg.vocab_size, cfg.hidden_size)
+    return shapes
+
+
 def _weight_files(model_dir: Path) -> list[Path]:
     """The files transformers would read: those of the index's weight map, else ``model.safetensors``."""
     index = model_dir / "model.safetensors.index.json"
