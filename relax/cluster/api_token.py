@@ -35,8 +35,13 @@ def lookup_path(port: int, home: Path | None = None) -> Path:
     return (home or Path.home()) / ".relax" / "api-tokens" / str(int(port))
 
 
+def _private_dir(path: Path) -> None:
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path.chmod(0o700)  # mkdir's mode does not apply to a directory that already existed
+
+
 def _write_private(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    _private_dir(path.parent)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         os.fchmod(f.fileno(), 0o600)  # an older file of another mode keeps its mode through O_TRUNC
@@ -47,7 +52,7 @@ def write_token(token: str, port: int, run_dir: Path, home: Path | None = None) 
     """Write the token (0600) into the run's directory and the per-user lookup; returns the lookup path."""
     _write_private(Path(run_dir) / TOKEN_FILE, token)
     lookup = lookup_path(port, home)
-    lookup.parent.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    _private_dir(lookup.parent.parent)
     _write_private(lookup, token)
     return lookup
 

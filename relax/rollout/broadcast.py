@@ -236,9 +236,6 @@ class BroadcastTransport:
         self.pause_mode = pause_mode
         self._groups: dict[str, EngineGroup] = {}
 
-    def group_of(self, engine_id: str) -> EngineGroup | None:
-        return self._groups.get(engine_id)
-
     async def send(self, engine_id: str, client: Any, latest: Any) -> dict[str, Any]:
         group = self._groups.get(engine_id)
         if group is not None and group.source is not latest.sender:

@@ -26,14 +26,16 @@ def test_the_token_is_written_for_its_user_only_and_found_by_port(tmp_path: Path
     assert find_token("http://127.0.0.1:9999", {}, home) is None
 
 
-def test_an_older_file_of_another_mode_is_made_private(tmp_path: Path) -> None:
+def test_an_older_file_and_directory_of_another_mode_are_made_private(tmp_path: Path) -> None:
     home = tmp_path / "home"
     lookup = lookup_path(8124, home)
     lookup.parent.mkdir(parents=True)
+    lookup.parent.chmod(0o755)
     lookup.write_text("old")
     lookup.chmod(0o644)
     write_token("new", 8124, tmp_path, home)
     assert lookup.stat().st_mode & 0o777 == 0o600 and lookup.read_text().strip() == "new"
+    assert lookup.parent.stat().st_mode & 0o777 == 0o700
 
 
 def test_withdraw_leaves_another_runs_token_alone(tmp_path: Path) -> None:

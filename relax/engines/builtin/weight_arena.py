@@ -29,12 +29,11 @@ class WeightArena:
     spec: BucketSpec
     buffer: torch.Tensor  # uint8, spec.nbytes: the bucket's wire layout, and the tensors' storage
     tensors: tuple[torch.Tensor, ...]  # the model's parameters/buffers, in ``spec.names`` order
+    pointers: tuple[int, ...]  # where each of them starts inside ``buffer``
 
     def intact(self) -> bool:
         """The model's tensors still live in this buffer (not replaced by a load from disk)."""
-        views = unflatten(self.buffer, self.spec)
-        return all(t.data_ptr() == views[name].data_ptr()
-                   for t, name in zip(self.tensors, self.spec.names, strict=True))
+        return all(t.data_ptr() == at for t, at in zip(self.tensors, self.pointers, strict=True))
 
 
 def build_arena(model: torch.nn.Module, spec: BucketSpec, device: torch.device) -> WeightArena | None:
@@ -56,4 +55,4 @@ def build_arena(model: torch.nn.Module, spec: BucketSpec, device: torch.device) 
         for tensor, name in zip(tensors, spec.names, strict=True):
             views[name].copy_(tensor.data)
             tensor.data = views[name]
-    return WeightArena(spec, buffer, tuple(tensors))
+    return WeightArena(spec, buffer, tuple(tensors), tuple(views[name].data_ptr() for name in spec.names))
