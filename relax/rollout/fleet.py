@@ -111,6 +111,8 @@ class FleetSettings:
     broadcast: BroadcastSettings = field(default_factory=BroadcastSettings)
     #: Budgets of evictions from Ray's drain notices (safety margin, default when no deadline is given).
     eviction: EvictionSettings = field(default_factory=EvictionSettings)
+    #: An SGLang router (``sglang-router``) that mirrors the routable engines (``--sglang-router-url``); None: none.
+    sglang_router_url: str | None = None
 
 
 class EngineFleet:

@@ -107,6 +107,7 @@ class ManagerConfig:
     engine_host: str = "auto"
     sglang_mem_fraction_static: float | None = None
     sglang_extra_args: tuple[str, ...] = ()
+    sglang_router_url: str | None = None  # an external SGLang router that mirrors the routable engines
 
 
 @dataclass
@@ -199,6 +200,7 @@ class RolloutManager:
                           weight_sync_pause_mode=PauseMode(config.weight_sync_pause_mode),
                           engine_api_key=config.engine_api_key,
                           external_engine_api_key=config.external_engine_api_key,
+                          sglang_router_url=config.sglang_router_url,
                           broadcast=BroadcastSettings(
                               backend=config.weight_broadcast_backend, timeout_s=config.weight_broadcast_timeout_s,
                               ranks_per_engine=config.gpus_per_engine if resolve_backend(config.backend) == "sglang"
