@@ -349,6 +349,8 @@ class Engine:
             reason, text = check_stop(req, token, text, self._eos)
             if reason is None:
                 keep.append(row)
+                if req.on_progress is not None:
+                    req.on_progress(req)
             else:
                 req.output_text = text if req.params.stop else self._decode(req.output_ids,
                                                                             req.params.skip_special_tokens)

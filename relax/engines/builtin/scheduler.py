@@ -35,6 +35,9 @@ class Request:
     params: SamplingParams
     arrival: float
     on_finish: Callable[[Request], None] | None = None
+    #: Called by the engine thread after each step that gave this request a token and did not finish it (the
+    #: server's streaming: it decides there, cheaply, whether a chunk is due).
+    on_progress: Callable[[Request], None] | None = None
     output_ids: list[int] = field(default_factory=list)
     output_logprobs: list[float] = field(default_factory=list)
     scheduled_at: float | None = None
