@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from enum import Enum
 from typing import IO, NoReturn
+from urllib.parse import urlsplit
 
 from relax import argtypes
 from relax.config.megatron import COMPAT_FLAGS, Arity, ignored_options, ignored_warning, mapped_settings
@@ -104,6 +105,7 @@ class TrainArgs:
     scale_in_drain_timeout: float = 30.0
     scale_in_unfinished: UnfinishedRequests = UnfinishedRequests.MIGRATE
     scale_in_shutdown_timeout: float = 30.0
+    sglang_router_url: str | None = None
     # Model and data
     hf_checkpoint: str | None = None
     prompt_data: str | None = None
@@ -303,6 +305,33 @@ def _add_scaling_flags(group: argparse._ArgumentGroup) -> None:
                             "so far) or retry (generate again from the prompt)")
     group.add_argument("--scale-in-shutdown-timeout", type=argtypes.positive_float, default=30.0, metavar="SECS",
                        help="graceful engine shutdown before kill (default 30)")
+    group.add_argument("--sglang-router-url", type=router_url, metavar="URL",
+                       help="an SGLang router (sglang-router 0.3.x) to keep in step with the pool: each engine is "
+                            "registered there once it serves the newest weights and removed before it drains, is "
+                            "evicted or fails (docs/elastic.md, \"Using an SGLang router\")")
+
+
+def router_url(text: str) -> str:
+    """``--sglang-router-url``: an http(s) URL with a host, no credentials, query or fragment; trailing ``/`` dropped.
+
+    Checked here so that a typo is one line before Ray starts, not a warning per engine during the run (a router
+    that is merely down is the run's business: it keeps training and retries).
+    """
+    raw = text.strip()
+    try:
+        parts = urlsplit(raw)
+        port = parts.port
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a URL ({exc}); e.g. http://10.0.0.5:30000") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        hint = " (missing 'http://'?)" if "//" not in raw else ""
+        raise argparse.ArgumentTypeError(
+            f"{text!r} must be an http(s) URL with a host{hint}, e.g. http://10.0.0.5:30000")
+    if "@" in parts.netloc or parts.query or parts.fragment or port == 0:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} must be the router's base URL without credentials, query or fragment, e.g. "
+            "http://10.0.0.5:30000")
+    return raw.rstrip("/")
 
 
 def _add_data_flags(group: argparse._ArgumentGroup) -> None:

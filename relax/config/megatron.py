@@ -186,8 +186,10 @@ IGNORED_FLAGS: tuple[CompatFlag, ...] = (
     _ignored("--use-health-check", _S, "engine health checks are always on"),
     _ignored("--use-fault-tolerance", _S, "requests of failed engines are always retried elsewhere"),
     _ignored("--scale-weight-sync-precheck", _S, "joining engines always pull the latest weight version"),
-    _ignored("--sglang-router-ip", _V, "Relax routes requests itself (no sglang-router)"),
-    _ignored("--sglang-router-port", _V, "Relax routes requests itself (no sglang-router)"),
+    _ignored("--sglang-router-ip", _V, "Relax routes requests itself; --sglang-router-url URL mirrors the pool "
+             "into an existing SGLang router"),
+    _ignored("--sglang-router-port", _V, "Relax routes requests itself; --sglang-router-url URL mirrors the pool "
+             "into an existing SGLang router"),
 )
 
 COMPAT_FLAGS: tuple[CompatFlag, ...] = MAPPED_FLAGS + IGNORED_FLAGS

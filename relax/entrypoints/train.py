@@ -188,6 +188,7 @@ class Driver:
             weight_broadcast_backend=self._broadcast_backend(),
             engine_api_key=engine_secret(),
             external_engine_api_key=external_engine_key(),
+            sglang_router_url=a.sglang_router_url,
         )
 
     def _broadcast_backend(self) -> str:

@@ -14,6 +14,9 @@ Three guarantees are kept here, in one place each:
 * **Nothing lost on the way out.** Every path that takes an engine out of service (scale-in, eviction,
   rollback, failure) goes through :meth:`retire`: the engine leaves the router first, its in-flight requests
   finish or are aborted (the dispatcher retries them elsewhere), then its process and placement go away.
+  With ``--sglang-router-url`` an external SGLang router mirrors the routable set (``rollout.router_mirror``):
+  an engine joins it when it joins Relax's router and leaves it at the same moment it leaves Relax's, and a
+  drain waits (bounded) until that router no longer lists it.
 * **A slow engine is not a dead one.** A request that could not reach an engine fails it only when its
   process is gone; a live process is failed only after repeated health-probe failures.
 
@@ -40,6 +43,7 @@ from relax.rollout.joins import JoinLog
 from relax.rollout.launcher import EngineLauncher, EngineSlot
 from relax.rollout.pool import EngineKind, EnginePool, EngineState
 from relax.rollout.router import Router
+from relax.rollout.router_mirror import SGLangRouterMirror
 from relax.rollout.weight_sync import WeightSync, standard_transports
 from relax.rollout.weight_transport import TransportKind, WeightTransport
 from relax.training.publication import WeightRegistry
@@ -52,6 +56,7 @@ HEALTH_FAILURES_BEFORE_FAILED = 3  # consecutive /health failures of a live proc
 RESTART_ATTEMPTS = 3  # a lost initial engine is restarted in its bundle this many times, backing off
 RESTART_BACKOFF_S = 2.0
 DRAIN_POLL_S = 1.0  # how often Ray's draining nodes are read (Ray Serve: 0.1 s; a notice gives >= 15 s)
+SGLANG_ROUTER_WAIT_S = 5.0  # how long a drain waits for the external SGLang router to stop sending to the engine
 
 
 class EngineHTTP(Protocol):
@@ -113,6 +118,8 @@ class FleetSettings:
     eviction: EvictionSettings = field(default_factory=EvictionSettings)
     #: An SGLang router (``sglang-router``) that mirrors the routable engines (``--sglang-router-url``); None: none.
     sglang_router_url: str | None = None
+    #: The router's own ``--api-key``, sent on its worker API when it has one; never logged.
+    sglang_router_api_key: str | None = field(default=None, repr=False)
 
 
 class EngineFleet:
@@ -159,6 +166,10 @@ class EngineFleet:
         self.last_evictions: dict[str, dict[str, Any]] = {}  # per evicted engine: notice → gone, requests moved
         self.joins = JoinLog(time.time)  # per engine: decision → ACTIVE on the newest weights → first answer
         self._shutting_down = False
+        # The external SGLang router that sees the routable set (rollout.router_mirror): it gains an engine when
+        # Relax's router does and loses it when Relax's router does, so it never sends to an engine being given up.
+        self.sglang_router = (SGLangRouterMirror(settings.sglang_router_url, api_key=settings.sglang_router_api_key)
+                              if settings.sglang_router_url else None)
 
     # ------------------------------------------------------------------ views
     def client(self, engine_id: str) -> EngineHTTP:
@@ -218,8 +229,7 @@ class EngineFleet:
             if self.pool.get(engine_id).state is EngineState.PENDING:
                 self.pool.transition(engine_id, EngineState.STARTING)
             self.pool.transition(engine_id, EngineState.HEALTH_CHECKING)
-            token = (self.settings.external_engine_api_key if self.pool.get(engine_id).kind is EngineKind.EXTERNAL
-                     else self.settings.engine_api_key)
+            token = self._engine_token(engine_id)
             client = self._client_factory(url, self.settings.request_timeout_s, token)
             self._clients[engine_id] = client
             await client.health_generate(timeout=self.settings.health_timeout_s)
@@ -235,12 +245,25 @@ class EngineFleet:
             await self._cleanup_failed(engine_id, exc)
             raise
         self.router.add(engine_id)
+        if self.sglang_router is not None:  # the key the engine needs, as every Relax call carries it
+            self.sglang_router.add(engine_id, url, self._engine_token(engine_id))
         self.routable.set()
         self._on_change()
         record = self.pool.get(engine_id)
         self.joins.active(engine_id, kind=record.kind.value, weight_version=record.weight_version,
                           decided_at=record.created_at, active_at=record.state_since)
         log.info("%s ACTIVE at %s (weights v%s)", engine_id, url, record.weight_version)
+
+    def _engine_token(self, engine_id: str) -> str | None:
+        """The key an engine needs: the run's secret for engines the run started, the operator's for attached ones."""
+        return (self.settings.external_engine_api_key if self.pool.get(engine_id).kind is EngineKind.EXTERNAL
+                else self.settings.engine_api_key)
+
+    def _leave_routing(self, engine_id: str) -> None:
+        """Out of Relax's router and the external SGLang router's (in the background) at the same moment."""
+        self.router.remove(engine_id)
+        if self.sglang_router is not None:
+            self.sglang_router.remove(engine_id)
 
     def note_answer(self, engine_id: str, version: int) -> None:
         """A request answered on ``engine_id`` with weights ``version``: the first one closes its join."""
@@ -324,12 +347,16 @@ class EngineFleet:
         if record.state.terminal:
             return 0
         if record.state is EngineState.ACTIVE:
-            self.router.remove(engine_id)
+            self._leave_routing(engine_id)
             self.pool.transition(engine_id, EngineState.DRAINING)
             self._on_change()
             log.info("%s DRAINING (%s), %d request(s) in flight", engine_id, reason, self.router.in_flight(engine_id))
         aborted = 0
         if not force:
+            if self.sglang_router is not None:  # the router stops sending first; the wait is part of the budget
+                began = time.monotonic()
+                await self.sglang_router.synced(min(SGLANG_ROUTER_WAIT_S, drain_timeout_s))
+                drain_timeout_s = max(0.0, drain_timeout_s - (time.monotonic() - began))
             await self._wait_drained(engine_id, drain_timeout_s)
         left = self.router.in_flight(engine_id)
         if left:
@@ -399,7 +426,7 @@ class EngineFleet:
             return
         if self.pool.get(engine_id).state is not EngineState.ACTIVE:  # changed while we looked
             return
-        self.router.remove(engine_id)
+        self._leave_routing(engine_id)
         cause = failure_cause(exc)  # the cause, not Ray's coloured task name: for the record, its event and the log
         self.pool.transition(engine_id, EngineState.FAILED, error=cause)
         self._on_change()
@@ -530,6 +557,8 @@ class EngineFleet:
         """Stop every engine (process, client, owned placement group) and every background task."""
         self._shutting_down = True
         self.weight_sync.shutdown()
+        if self.sglang_router is not None:  # the engines stop next: take them off the router first (bounded)
+            await self.sglang_router.aclose(deregister=True, timeout_s=SGLANG_ROUTER_WAIT_S)
         for task in [self._health_task, self._drain_task, *self._background]:
             if task is not None:
                 task.cancel()
