@@ -51,7 +51,7 @@ def _cmd_engine_serve(args: argparse.Namespace) -> int:
         max_total_tokens=args.max_total_tokens, weight_version=args.weight_version, device=args.device,
         num_threads=args.num_threads, seed=args.seed, served_model_name=args.served_model_name,
         log_level=args.log_level, model_impl=ModelImpl(args.model_impl),
-        api_key=args.api_key or os.environ.get(ENGINE_API_KEY_ENV) or None,
+        api_key=args.api_key or os.environ.get(ENGINE_API_KEY_ENV) or None, stream_interval=args.stream_interval,
     ))
 
 
@@ -86,6 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=argtypes.fixed_port, default=30000)
     serve.add_argument("--max-running-requests", type=argtypes.positive_int, default=64)
     serve.add_argument("--max-total-tokens", type=argtypes.positive_int, default=32768)
+    serve.add_argument("--stream-interval", type=argtypes.positive_int, default=1,
+                       help="tokens between two chunks of a streamed /generate (SGLang's flag and default)")
     serve.add_argument("--weight-version", default="0")
     serve.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
     serve.add_argument("--num-threads", type=argtypes.positive_int, default=1, help="torch CPU threads")

@@ -19,12 +19,13 @@ import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
 import aiohttp
 
 from relax.config.pause_mode import PauseMode
+from relax.engines.event_stream import EventStream, StreamError
 
 # Status codes that mean "this engine cannot serve right now", not "your request is wrong".
 _UNAVAILABLE_STATUS = frozenset({502, 503, 504})
@@ -288,6 +289,10 @@ class EngineClient:
             ) from exc
         if response.is_success:
             return response
+        self._raise_for(response, method, endpoint)
+
+    def _raise_for(self, response: Response, method: str, endpoint: str) -> NoReturn:
+        """Raise the typed error of an unsuccessful answer (unavailable: 502/503/504; refused otherwise)."""
         message = _server_message(response)
         cls = EngineUnavailable if response.status_code in _UNAVAILABLE_STATUS else EngineError
         raise cls(
@@ -357,6 +362,52 @@ class EngineClient:
                 status_code=response.status_code,
             )
         return result
+
+    async def generate_stream(
+        self,
+        held: EventStream,
+        *,
+        input_ids: list[int],
+        sampling_params: dict[str, Any] | None = None,
+        rid: str | None = None,
+        return_logprob: bool = False,
+        timeout: float | None = _UNSET,
+    ) -> dict[str, Any]:
+        """``POST /generate`` with ``"stream": true`` for one request; returns the final answer.
+
+        ``held`` receives the stream as it arrives (relax.engines.event_stream), so when this raises - the
+        engine died, the connection broke, the caller cancelled - ``held.latest()`` is the output so far.
+        ``timeout`` bounds each wait for bytes, not the whole generation.
+        """
+        payload: dict[str, Any] = {"input_ids": input_ids, "sampling_params": dict(sampling_params or {}),
+                                   "stream": True}
+        if rid is not None:
+            payload["rid"] = rid
+        if return_logprob:
+            payload["return_logprob"] = True
+        url, endpoint = self.base_url, "/generate"
+        limit = self._timeout(self.timeout if timeout is _UNSET else timeout)
+        try:
+            async with self._http().post(url + endpoint, json=payload, timeout=limit) as answer:
+                if not 200 <= answer.status < 300:
+                    self._raise_for(Response(answer.status, answer.reason or "", await answer.read()),
+                                          "POST", endpoint)
+                async for data in answer.content.iter_any():
+                    held.feed(data)
+        except TimeoutError as exc:
+            raise EngineUnavailable(f"POST {url}{endpoint} (stream) timed out ({type(exc).__name__})",
+                                    url=url, endpoint=endpoint) from exc
+        except aiohttp.ClientError as exc:
+            raise EngineUnavailable(f"POST {url}{endpoint} (stream) failed: {type(exc).__name__}: {exc}",
+                                    url=url, endpoint=endpoint) from exc
+        except StreamError as exc:
+            raise EngineError(f"POST {url}{endpoint} (stream): {exc}", url=url, endpoint=endpoint,
+                              server_message=str(exc)) from exc
+        final = held.latest() if held.done else None
+        if final is None:
+            raise EngineUnavailable(f"POST {url}{endpoint}: the stream ended without its final chunk "
+                                    f"({held.chunks} chunk(s) received)", url=url, endpoint=endpoint)
+        return final
 
     # -- health and metrics -----------------------------------------------------------------------
 

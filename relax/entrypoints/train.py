@@ -189,6 +189,7 @@ class Driver:
             engine_api_key=engine_secret(),
             external_engine_api_key=external_engine_key(),
             sglang_router_url=a.sglang_router_url,
+            sglang_router_api_key=os.environ.get("RELAX_SGLANG_ROUTER_API_KEY") or None,
         )
 
     def _broadcast_backend(self) -> str:

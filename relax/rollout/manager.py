@@ -19,8 +19,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,30 +35,19 @@ from relax.engines.sglang import SGLangOptions
 from relax.logs import setup_logging
 from relax.rollout.broadcast import BroadcastSettings, RayWeightSource
 from relax.rollout.control import RolloutControl
+from relax.rollout.dispatcher import Dispatcher, DispatchSettings, SampleLostError
 from relax.rollout.events import EventKind, EventLog, transition_recorder
 from relax.rollout.executor import ScaleExecutor, ScalingSettings
 from relax.rollout.fleet import EngineFleet, FleetSettings
 from relax.rollout.generator import Generation, SamplingSettings, generate_group
 from relax.rollout.launcher import RayEngineLauncher, resolve_backend, resolve_engine_host
-from relax.rollout.migration import Next, Segment, continue_after, stitch
-from relax.rollout.pool import EnginePool
-from relax.rollout.router import (
-    FailureKind,
-    NoEngineAvailable,
-    RetryPolicy,
-    Router,
-    classify_error,
-    failure_from_finish_reason,
-)
+from relax.rollout.pool import EnginePool, EngineRecord, EngineState
+from relax.rollout.router import RetryPolicy, Router
 from relax.rollout.scaling import ScaleInSpec, ScaleOutSpec
 from relax.training.evaluation import evaluate_datasets
 from relax.training.publication import WeightManifest, WeightRegistry
 
 log = logging.getLogger("relax.rollout")
-
-
-class SampleLostError(RuntimeError):
-    """A request failed on every engine it was tried on; raised instead of silently dropping it."""
 
 
 @dataclass(frozen=True)
@@ -100,6 +88,11 @@ class ManagerConfig:
     # A request aborted because its engine left continues on another engine from where it stopped
     # (relax.rollout.migration) instead of starting again; False: start again (the tokens are regenerated)
     migrate_in_flight: bool = True
+    # Generate streamed, so the prefix of every generation in flight is held and survives its engine dying
+    # without notice (relax.rollout.dispatcher), chunked every `stream_interval` tokens (losing at most that many
+    # per request to a crash; smaller costs more bytes: benchmarks/engine_throughput.py)
+    stream_generations: bool = True
+    stream_interval: int = 16
     # The engines' secret (SGLang's --api-key; the built-in engine's RELAX_ENGINE_API_KEY): every engine is
     # started with it and every engine call carries it. The driver always sets one (relax.engines.sglang.engine_secret).
     engine_api_key: str | None = field(default=None, repr=False)
@@ -108,33 +101,7 @@ class ManagerConfig:
     sglang_mem_fraction_static: float | None = None
     sglang_extra_args: tuple[str, ...] = ()
     sglang_router_url: str | None = None  # an external SGLang router that mirrors the routable engines
-
-
-@dataclass
-class MigrationStats:
-    """Tokens kept by migration vs thrown away and generated again, over the run (Relax /metrics, status)."""
-
-    migrated_requests: int = 0
-    tokens_kept: int = 0
-    tokens_regenerated: int = 0
-    restarts: int = 0
-
-    def kept(self, tokens: int) -> None:
-        self.tokens_kept += tokens
-
-    def regenerated(self, tokens: int, why: str) -> None:
-        self.tokens_regenerated += tokens
-        self.restarts += 1
-        if tokens:
-            log.info("%d generated token(s) thrown away and regenerated (%s)", tokens, why)
-
-    def completed(self, segments: int) -> None:
-        if segments > 1:
-            self.migrated_requests += 1
-
-    def to_dict(self) -> dict[str, Any]:
-        total = self.tokens_kept + self.tokens_regenerated
-        return {**asdict(self), "tokens_kept_fraction": self.tokens_kept / total if total else None}
+    sglang_router_api_key: str | None = field(default=None, repr=False)  # that router's own --api-key, if any
 
 
 def _max_context(model_path: str) -> int | None:
@@ -184,10 +151,14 @@ class RolloutManager:
         self.reward_fn = get_reward_fn(config.rm_type or "tiny", config.custom_rm_path)
         self.event_log = EventLog(time.time)
         self.weights = WeightRegistry()
-        self.pool = EnginePool(time.time, on_transition=transition_recorder(
-            self.event_log, lambda: self.weights.latest_version))
+        record = transition_recorder(self.event_log, lambda: self.weights.latest_version)
+
+        def on_transition(rec: EngineRecord, src: EngineState, dst: EngineState) -> None:
+            record(rec, src, dst)
+            self.dispatcher.on_transition(rec, src, dst)
+
+        self.pool = EnginePool(time.time, on_transition=on_transition)
         self.router = Router()
-        self.retry_policy = RetryPolicy(max_attempts=config.max_attempts)
         self.buffer = SampleBuffer()
         self.gate = StalenessGate(config.max_staleness, time.monotonic)
         self._state_changed = asyncio.Event()
@@ -201,6 +172,7 @@ class RolloutManager:
                           engine_api_key=config.engine_api_key,
                           external_engine_api_key=config.external_engine_api_key,
                           sglang_router_url=config.sglang_router_url,
+                          sglang_router_api_key=config.sglang_router_api_key,
                           broadcast=BroadcastSettings(
                               backend=config.weight_broadcast_backend, timeout_s=config.weight_broadcast_timeout_s,
                               ranks_per_engine=config.gpus_per_engine if resolve_backend(config.backend) == "sglang"
@@ -208,6 +180,13 @@ class RolloutManager:
             on_change=self._state_changed.set,
             drain_notices=draining_nodes,
         )
+        eos = self.tokenizer.eos_token_id
+        self.dispatcher = Dispatcher(
+            self.router, self.pool, self.fleet, RetryPolicy(max_attempts=config.max_attempts),
+            DispatchSettings(request_timeout_s=config.request_timeout_s, migrate=config.migrate_in_flight,
+                             stream=config.stream_generations, stream_interval=config.stream_interval,
+                             eos_ids=frozenset() if eos is None else frozenset({int(eos)}),
+                             max_context=_max_context(config.model_path)))
         self.executor = ScaleExecutor(
             self.pool, self.fleet, self.event_log,
             ScalingSettings(max_engines=config.max_engines, scale_out_timeout_s=config.scale_out_timeout_s,
@@ -220,14 +199,9 @@ class RolloutManager:
         self._generation: asyncio.Task[None] | None = None
         self._steps: dict[int, _StepStats] = {}
         self._error: BaseException | None = None
-        self._tokens_generated = 0
         self._prompt_ids_cache: dict[int, list[int]] = {}
         self._training: dict[str, Any] = {}
         self._weight_source: tuple[Any, RayWeightSource] | None = None  # (trainer rank 0 handle, its source)
-        self.migration = MigrationStats()
-        eos = self.tokenizer.eos_token_id
-        self._eos_ids: frozenset[int] = frozenset() if eos is None else frozenset({int(eos)})
-        self._max_context = _max_context(config.model_path)
 
     def _launcher(self) -> RayEngineLauncher:
         """Engine processes as Ray actors; SIGTERM on one of them reaches :meth:`notify_eviction`."""
@@ -281,87 +255,10 @@ class RolloutManager:
         self.fleet.weight_sync.publish(version, list(bucket_refs), manifest, source=source)
         self.event_log.append(EventKind.WEIGHTS_PUBLISHED, message=f"v{version}")
 
-    # ------------------------------------------------------------------ dispatch (router + retry)
+    # ------------------------------------------------------------------ dispatch
     async def generate(self, group_key: str, input_ids: list[int], sampling_params: dict[str, Any]) -> Generation:
-        """One generation on an ACTIVE engine; failures are retried elsewhere as `RetryPolicy` decides.
-
-        A sample is never silently lost: a request that cannot be served ends in `SampleLostError`.
-        """
-        excluded: frozenset[str] = frozenset()
-        attempt = 0
-        segments: list[Segment] = []  # what engines that left generated before they aborted it (migration)
-        ids, params = list(input_ids), dict(sampling_params)
-        while True:
-            attempt += 1
-            engine_id = await self._acquire(group_key, excluded)
-            self.pool.set_in_flight(engine_id, self.router.in_flight(engine_id))
-            failure: FailureKind | None = None
-            error: BaseException | None = None
-            version = 0
-            try:
-                await self.fleet.weight_sync.wait_not_syncing(engine_id)  # a weight load in progress: hold it here
-                version = self.pool.get(engine_id).weight_version or 0
-                out = await self.fleet.client(engine_id).generate(
-                    input_ids=ids,
-                    sampling_params=params,
-                    return_logprob=True,
-                    rid=uuid.uuid4().hex,
-                    timeout=self.cfg.request_timeout_s,
-                )
-            except Exception as exc:
-                failure, error = classify_error(exc), exc
-            finally:
-                self.router.release(engine_id)
-                self.fleet.note_release(engine_id)
-            if failure is None:
-                assert isinstance(out, dict)
-                failure = failure_from_finish_reason(out["meta_info"].get("finish_reason"))
-                if failure is None:
-                    self._tokens_generated += int(out["meta_info"].get("completion_tokens", 0))
-                    self.fleet.note_answer(engine_id, version)
-                    if not segments:
-                        return Generation(engine_id=engine_id, output=out, dispatch_version=version)
-                    final = [*segments, Segment.from_output(engine_id, out, version)]
-                    return self._stitched(engine_id, final, len(input_ids), out["meta_info"]["finish_reason"])
-                error = RuntimeError(f"aborted on {engine_id}")
-                self._tokens_generated += int(out["meta_info"].get("completion_tokens", 0))
-                if self.cfg.migrate_in_flight:
-                    part = Segment.from_output(engine_id, out, version)
-                    if len(part):
-                        segments.append(part)
-                    decision = continue_after(input_ids, sampling_params, segments, eos_ids=self._eos_ids,
-                                              max_context=self._max_context)
-                    if decision.next is Next.COMPLETE:
-                        assert decision.finish_reason is not None
-                        return self._stitched(engine_id, segments, len(input_ids), decision.finish_reason)
-                    if decision.next is Next.CONTINUE:
-                        self.migration.kept(len(part))
-                        ids, params = list(decision.input_ids), dict(decision.sampling_params)
-                    else:
-                        self.migration.regenerated(sum(len(x) for x in segments), decision.reason)
-                        segments, ids, params = [], list(input_ids), dict(sampling_params)
-                else:
-                    self.migration.regenerated(int(out["meta_info"].get("completion_tokens", 0)), "retry")
-            if failure is FailureKind.ENGINE_UNAVAILABLE and error is not None:
-                await self.fleet.on_engine_failure(engine_id, error)
-            decision = self.retry_policy.decide(failure, attempt=attempt, engine_id=engine_id, excluded=excluded)
-            if not decision:
-                raise SampleLostError(f"request failed on {engine_id}: {decision.reason}: {error}") from error
-            excluded = decision.exclude
-
-    def _stitched(self, engine_id: str, segments: list[Segment], prompt_tokens: int,
-                  finish_reason: Mapping[str, Any]) -> Generation:
-        self.migration.completed(len(segments))
-        return Generation(engine_id=engine_id, output=stitch(segments, prompt_tokens, finish_reason),
-                          dispatch_version=min(s.dispatch_version for s in segments))
-
-    async def _acquire(self, group_key: str, excluded: frozenset[str] = frozenset()) -> str:
-        while True:
-            try:
-                return self.router.acquire(group_key, exclude=excluded)
-            except NoEngineAvailable:
-                self.fleet.routable.clear()
-                await self.fleet.routable.wait()
+        """One generation on an ACTIVE engine (``rollout.dispatcher``); for callers outside the actor."""
+        return await self.dispatcher.generate(group_key, input_ids, sampling_params)
 
     # ------------------------------------------------------------------ generation loop
     async def start_generation(self, start_step: int = 0, cursor: dict[str, int] | None = None) -> None:
@@ -460,7 +357,7 @@ class RolloutManager:
                 await asyncio.gather(
                     *(
                         generate_group(
-                            self,
+                            self.dispatcher,
                             group_id=f"eval-{name}-{rec.index}-{uuid.uuid4().hex[:6]}",
                             prompt_index=rec.index,
                             prompt_ids=list(self.tokenizer.encode(rec.text, add_special_tokens=False)),
@@ -499,12 +396,13 @@ class RolloutManager:
             "active_engines": len(self.pool.active()),
             "waiting_partitions": self.buffer.num_waiting_partitions(),
             "staleness_blocked_fraction": self.gate.blocked_fraction(),
-            "tokens_generated": self._tokens_generated,
+            "tokens_generated": self.dispatcher.tokens_generated,
             "latest_published": self.weights.latest_version or 0,
             "weight_syncs": {eid: dict(t) for eid, t in self.fleet.weight_sync.last_syncs.items()},
-            "migration": self.migration.to_dict(),
+            "migration": self.dispatcher.migration.to_dict(),
             "evictions": {eid: dict(e) for eid, e in self.fleet.last_evictions.items()},
             "joins": self.fleet.joins.to_dict(),
+            "sglang_router": self.fleet.sglang_router.status() if self.fleet.sglang_router else None,
         }
 
     async def report_training(self, metrics: dict[str, Any]) -> None:
@@ -543,10 +441,10 @@ class RolloutManager:
             "trainer_wait_fraction": self._training.get("trainer_wait_fraction", 0.0),
             "staleness_blocked_fraction": self.gate.blocked_fraction(),
             "buffer_waiting_partitions": self.buffer.num_waiting_partitions(),
-            "migration_tokens_kept": self.migration.tokens_kept,
-            "migration_tokens_regenerated": self.migration.tokens_regenerated,
-            "migrated_requests": self.migration.migrated_requests,
-            "tokens_generated": self._tokens_generated,
+            "migration_tokens_kept": self.dispatcher.migration.tokens_kept,
+            "migration_tokens_regenerated": self.dispatcher.migration.tokens_regenerated,
+            "migrated_requests": self.dispatcher.migration.migrated_requests,
+            "tokens_generated": self.dispatcher.tokens_generated,
             **self._last_join_and_eviction(),
         }
 

@@ -37,6 +37,7 @@ class SamplingParamsBody(BaseModel):
     min_new_tokens: StrictInt = Field(0, ge=0)
     spaces_between_special_tokens: StrictBool = True
     sampling_seed: StrictInt | None = None
+    stream_interval: StrictInt | None = Field(None, ge=1)  # SGLang's per-request chunk size (server default else)
 
     @field_validator("top_k")
     @classmethod
@@ -96,8 +97,6 @@ class GenerateBody(BaseModel):
     def _one_prompt_source(self) -> GenerateBody:
         if (self.text is None) == (self.input_ids is None):
             raise ValueError("give exactly one of 'text' or 'input_ids'")
-        if self.stream:
-            raise ValueError("stream=true is not supported by the built-in engine")
         prompts = self.prompts()
         if not prompts:
             raise ValueError("the prompt list is empty")

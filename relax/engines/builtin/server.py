@@ -15,15 +15,16 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import anyio
 import torch
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from relax import __version__
 from relax.config.pause_mode import PauseMode
@@ -46,6 +47,7 @@ from relax.engines.builtin.protocol import (
 from relax.engines.builtin.rwlock import WriterPreferringLock
 from relax.engines.builtin.scheduler import Capacity
 from relax.engines.builtin.scheduler import Request as EngineRequest
+from relax.engines.builtin.streaming import StreamFeed, abort_unfinished, sse
 from relax.engines.builtin.tokenizer import load_tokenizer
 from relax.engines.builtin.weight_updates import DistributedUpdates, WeightUpdateError
 from relax.engines.guard import parent_watchdog
@@ -76,6 +78,8 @@ class ServerArgs:
     model_impl: ModelImpl = ModelImpl.AUTO
     api_key: str | None = field(default=None, repr=False)
     """SGLang's ``--api-key``: every route but ``/health*`` and ``/metrics`` needs ``Bearer <key>``."""
+    stream_interval: int = 1
+    """SGLang's ``--stream-interval``: tokens between two chunks of a streamed generation."""
 
 
 class ApiError(Exception):
@@ -165,41 +169,84 @@ class BuiltinServer:
         return frozenset(ids)
 
     # ------------------------------------------------------------------ generate
-    async def generate(
-        self, body: GenerateBody, disconnected: Callable[[], Awaitable[bool]] | None = None
-    ) -> dict[str, Any] | list[dict[str, Any]]:
-        """Run the prompts of one call to the end; a client that hangs up has its requests aborted (SGLang's
-        rule), so a load generator or a router that gives up frees the batch instead of leaving work behind."""
+    def _requests(self, body: GenerateBody, on_finish: Callable[[EngineRequest], None],
+                  on_progress: Callable[[EngineRequest], None] | None = None) -> list[EngineRequest]:
+        """The engine requests of one call (prompts x n), validated; nothing is submitted yet."""
         params = body.sampling_params.to_params()
         prompts = body.prompts()
         prompt_ids = [self._tokenize(p, i) for i, p in enumerate(prompts)]
         for i, ids in enumerate(prompt_ids):
             self._check_fits(ids, params.max_new_tokens, i)
         rids = self._rids(body, len(prompts))
-        loop = asyncio.get_running_loop()
         now = time.monotonic()
-        futures: list[asyncio.Future[EngineRequest]] = []
-        requests: list[EngineRequest] = []
-        for parent, ids in zip(rids, prompt_ids, strict=True):
-            for k in range(params.n):
-                fut: asyncio.Future[EngineRequest] = loop.create_future()
-                futures.append(fut)
+        return [
+            EngineRequest(rid=parent if params.n == 1 else f"{parent}-{k}", parent_rid=parent, prompt_ids=list(ids),
+                          params=params, arrival=now, on_finish=on_finish, on_progress=on_progress)
+            for parent, ids in zip(rids, prompt_ids, strict=True) for k in range(params.n)
+        ]
 
-                def done(req: EngineRequest, fut: asyncio.Future[EngineRequest] = fut) -> None:
-                    loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(req))
+    def _submit(self, requests: list[EngineRequest]) -> None:
+        try:
+            self.engine.submit(requests)  # never waits for a step: the event loop keeps serving
+        except DuplicateRequestId as exc:
+            raise ApiError(400, str(exc)) from None
 
-                requests.append(EngineRequest(
-                    rid=parent if params.n == 1 else f"{parent}-{k}", parent_rid=parent, prompt_ids=list(ids),
-                    params=params, arrival=now, on_finish=done,
-                ))
+    async def generate(
+        self, body: GenerateBody, disconnected: Callable[[], Awaitable[bool]] | None = None
+    ) -> dict[str, Any] | list[dict[str, Any]]:
+        """Run the prompts of one call to the end; a client that hangs up has its requests aborted (SGLang's
+        rule), so a load generator or a router that gives up frees the batch instead of leaving work behind."""
+        loop = asyncio.get_running_loop()
+        futures: dict[int, asyncio.Future[EngineRequest]] = {}
+
+        def done(req: EngineRequest) -> None:
+            fut = futures[id(req)]
+            loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(req))
+
+        requests = self._requests(body, done)
+        for req in requests:
+            futures[id(req)] = loop.create_future()
         async with self.update_lock.reader():
-            try:
-                self.engine.submit(requests)  # never waits for a step: the event loop keeps serving
-            except DuplicateRequestId as exc:
-                raise ApiError(400, str(exc)) from None
-            finished = await self._wait(asyncio.gather(*futures), {r.parent_rid for r in requests}, disconnected)
+            self._submit(requests)
+            finished = await self._wait(asyncio.gather(*futures.values()), {r.parent_rid for r in requests},
+                                        disconnected)
         outputs = [self._format(req, body.return_logprob) for req in finished]
-        return outputs if body.batched or params.n > 1 else outputs[0]
+        return outputs if body.batched or len(requests) > 1 else outputs[0]
+
+    def stream(self, body: GenerateBody) -> AsyncIterator[bytes]:
+        """``"stream": true``: server-sent events of each request's output so far (relax.engines.builtin.streaming).
+
+        Validated before the first byte, so a bad request is a plain 400, not a broken stream. Submitted when
+        the response starts: a response that never starts (its client gone at once) leaves nothing running.
+        """
+        feed = StreamFeed(asyncio.get_running_loop(), body.sampling_params.stream_interval or self.args.stream_interval)
+        requests = self._requests(body, feed.finished, feed.progress)
+        for parent in {r.parent_rid for r in requests}:
+            if self.engine.has_request(parent):
+                raise ApiError(400, str(DuplicateRequestId(parent)))
+        return self._events(feed, requests, body)
+
+    async def _events(self, feed: StreamFeed, requests: list[EngineRequest], body: GenerateBody
+                      ) -> AsyncIterator[bytes]:
+        reader = self.update_lock.reader()
+        await reader.__aenter__()
+        try:
+            try:
+                self._submit(requests)
+            except ApiError as exc:  # a rid submitted since the check: SGLang's in-stream error shape
+                yield sse({"error": {"message": exc.message}})
+                return
+            async for chunk in feed.chunks(
+                requests, indexed=body.batched or len(requests) > 1, return_logprob=body.return_logprob,
+                decode=lambda ids, skip: self.tokenizer.decode(ids, skip_special_tokens=skip),
+                current_version=lambda: self.engine.weight_version,
+                final=lambda req: self._format(req, body.return_logprob),
+            ):
+                yield chunk
+        finally:  # also when the client went away: the response's task is being cancelled, hence the shield
+            await abort_unfinished(requests, self.engine.abort)
+            with anyio.CancelScope(shield=True):
+                await reader.__aexit__(None, None, None)
 
     async def _wait(self, gathered: asyncio.Future[list[EngineRequest]], rids: set[str],
                     disconnected: Callable[[], Awaitable[bool]] | None) -> list[EngineRequest]:
@@ -353,6 +400,8 @@ def create_app(server: BuiltinServer) -> FastAPI:
 
     @app.post("/generate")
     async def generate(body: GenerateBody, request: Request) -> Any:
+        if body.stream:
+            return StreamingResponse(server.stream(body), media_type="text/event-stream")
         return await server.generate(body, disconnected=request.is_disconnected)
 
     @app.get("/health")
