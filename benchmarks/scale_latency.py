@@ -11,19 +11,22 @@ What it measures, with built-in engines on the tiny preset and one RolloutManage
    engines are scaled back in between runs (the scale-in records are reported too).
 2. **Router overhead**: with 2 ACTIVE engines, the same bounded load (``--requests`` x
    ``--max-new-tokens`` fixed-length outputs, ``--concurrency`` in flight) (a) through the manager's
-   router (``manager.generate.remote``) and (b) straight to the engines over HTTP
-   (``relax.engines.loadgen.run_burst``, split evenly over the two URLs). Tokens/s for both and their
-   ratio; a and b alternate for ``--rounds`` rounds in one run.
+   dispatcher, inside the manager as the rollout loop drives it (``manager.generate_batch``: streamed, with
+   routing, retries and prefix holding), (b) straight to the engines over HTTP
+   (``relax.engines.loadgen.run_burst``, split evenly over the two URLs), and (c) as (a) but with one Ray actor
+   call per request from this script. Tokens/s for each, the ratios to (b), and how evenly (a) split the load
+   (``split_max_deviation``: the farthest engine's share from the mean); a, b, c alternate for ``--rounds``
+   rounds in one run.
 
 Why absolute numbers are noisy: this machine has few cores shared with other work, Ray's "GPUs" are
 logical, engine start time is dominated by Python/torch import and process spawn (cold vs warm page
 cache), and the tiny model makes per-request overhead large relative to compute. Compare the phases
 with each other and a with b within one run; do not compare absolute figures across machines.
 
-Two known differences between the paths of the router comparison: (a) pays one Ray actor call per
-request on top of the router (in training the rollout loop calls the router inside the manager, without
-that hop), so the ratio is a lower bound on the router's own efficiency; (a) sends token ids and asks for
-logprobs (as rollout does) while (b) sends the same prompt as text.
+Known differences between the paths of the router comparison: (a) streams every generation (the manager
+holds each prefix so a crash loses nothing, ``relax.rollout.dispatcher``), sends token ids and asks for
+log-probs, as rollout does, while (b) sends the same prompt as text, unstreamed, without log-probs; (c) adds a
+Ray actor call per request, which training never pays (the rollout loop dispatches inside the manager).
 
     python benchmarks/scale_latency.py [--reps 2] [--requests 256] [--concurrency 32] [--max-new-tokens 32]
 """
@@ -169,23 +172,37 @@ def _median(runs: list[dict]) -> dict:
 async def _through_router(
     manager: Any, input_ids: list[int], tag: str, requests: int, concurrency: int, max_new_tokens: int
 ) -> dict:
+    """The load through the manager's dispatcher, as the rollout loop drives it: inside the manager (one Ray call
+    carries the whole load there and its answers back; a distinct group key per request: plain balancing)."""
+    params = {"max_new_tokens": max_new_tokens, "temperature": 1.0, "ignore_eos": True}
+    batch = [(f"bench-{tag}-{i}", input_ids, params) for i in range(requests)]
+    began = time.perf_counter()
+    gens = await manager.generate_batch.remote(batch, concurrency)
+    seconds = time.perf_counter() - began
+    return _summary(gens, seconds)
+
+
+async def _through_ray_calls(
+    manager: Any, input_ids: list[int], tag: str, requests: int, concurrency: int, max_new_tokens: int
+) -> dict:
+    """The same load as one Ray actor call per request (what a script outside the manager pays on top)."""
     params = {"max_new_tokens": max_new_tokens, "temperature": 1.0, "ignore_eos": True}
     gate = asyncio.Semaphore(concurrency)
-    tokens = 0
-    per_engine: Counter[str] = Counter()
 
-    async def one(i: int) -> None:
-        nonlocal tokens
-        async with gate:  # a distinct group key per request: plain least-in-flight balancing
-            gen = await manager.generate.remote(f"bench-{tag}-{i}", input_ids, params)
-        tokens += int(gen.output["meta_info"]["completion_tokens"])
-        per_engine[gen.engine_id] += 1
+    async def one(i: int) -> Any:
+        async with gate:
+            return await manager.generate.remote(f"bench-{tag}-{i}", input_ids, params)
 
     began = time.perf_counter()
-    await asyncio.gather(*(one(i) for i in range(requests)))
-    seconds = time.perf_counter() - began
+    gens = await asyncio.gather(*(one(i) for i in range(requests)))
+    return _summary(gens, time.perf_counter() - began)
+
+
+def _summary(gens: list[Any], seconds: float) -> dict:
+    tokens = sum(int(g.output["meta_info"]["completion_tokens"]) for g in gens)
+    per_engine = Counter(g.engine_id for g in gens)
     return {
-        "requests": requests,
+        "requests": len(gens),
         "completion_tokens": tokens,
         "seconds": round(seconds, 3),
         "tokens_per_second": round(tokens / seconds, 1),
@@ -225,18 +242,24 @@ def _router_overhead(manager: Any, tokenizer: Any, args: argparse.Namespace) -> 
         raise RuntimeError(f"expected 2 ACTIVE engines, found {urls}")
 
     async def measure() -> list[dict]:
-        await _through_router(manager, input_ids, "warm", 16, 16, 8)  # warm-up both paths
+        await _through_router(manager, input_ids, "warm", 16, 16, 8)  # warm-up every path
+        await _through_ray_calls(manager, input_ids, "warm-calls", 16, 16, 8)
         await _direct(urls, prompt, 16, 16, 8)
         rounds = []
         for i in range(args.rounds):
             a = await _through_router(manager, input_ids, f"r{i}", args.requests, args.concurrency, args.max_new_tokens)
             b = await _direct(urls, prompt, args.requests, args.concurrency, args.max_new_tokens)
+            c = await _through_ray_calls(manager, input_ids, f"c{i}", args.requests, args.concurrency,
+                                         args.max_new_tokens)
             rounds.append(
                 {
                     "round": i + 1,
                     "router": a,
                     "direct": b,
+                    "ray_call_per_request": c,
                     "router_over_direct": round(a["tokens_per_second"] / b["tokens_per_second"], 3),
+                    "ray_calls_over_direct": round(c["tokens_per_second"] / b["tokens_per_second"], 3),
+                    "split_max_deviation": _split_deviation(a["requests_per_engine"]),
                 }
             )
         return rounds
@@ -251,7 +274,15 @@ def _router_overhead(manager: Any, tokenizer: Any, args: argparse.Namespace) -> 
         "engine_urls": urls,
         "rounds": rounds,
         "router_over_direct_median": round(statistics.median(ratios), 3),
+        "ray_calls_over_direct_median": round(statistics.median(r["ray_calls_over_direct"] for r in rounds), 3),
+        "split_max_deviation_median": round(statistics.median(r["split_max_deviation"] for r in rounds), 3),
     }
+
+
+def _split_deviation(per_engine: dict[str, int]) -> float:
+    """How far the busiest or idlest engine's share is from the mean (0.1: within 10 %)."""
+    mean = sum(per_engine.values()) / len(per_engine)
+    return max(abs(n - mean) for n in per_engine.values()) / mean
 
 
 def _run(args: argparse.Namespace, preset: Any, tmp: Path) -> dict:
@@ -300,7 +331,9 @@ def _run(args: argparse.Namespace, preset: Any, tmp: Path) -> dict:
             if i < len(plan) - 1:
                 scale_ins.append(_scale_in(manager, 1))
         router = _router_overhead(manager, AutoTokenizer.from_pretrained(str(preset.model_dir)), args)
-        print(f"router/direct tokens/s ratio: {[r['router_over_direct'] for r in router['rounds']]}", flush=True)
+        print(f"router/direct tokens/s ratio: {[r['router_over_direct'] for r in router['rounds']]} "
+              f"(one Ray call per request: {[r['ray_calls_over_direct'] for r in router['rounds']]}; split "
+              f"{[r['router']['requests_per_engine'] for r in router['rounds']]})", flush=True)
         del refs
         return {
             "initial_engine_start_s": initial_start_s,
@@ -324,7 +357,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=256)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--max-new-tokens", type=int, default=32)
-    parser.add_argument("--rounds", type=int, default=2, help="router/direct alternations")
+    parser.add_argument("--rounds", type=int, default=3, help="router/direct alternations")
     parser.add_argument("--out", default="benchmarks/results/scale_latency.json")
     args = parser.parse_args()
     began = time.monotonic()

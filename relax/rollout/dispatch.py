@@ -28,7 +28,21 @@ from typing import Any
 from relax.rollout.migration import Next, Segment, continue_after, stitch
 from relax.rollout.router import FailureKind, RetryPolicy, failure_from_finish_reason
 
-__all__ = ["Action", "RequestJourney", "Step"]
+__all__ = ["MAX_CHUNKS", "Action", "RequestJourney", "Step", "stream_interval"]
+
+#: At most this many chunks per streamed request: chunks are cumulative (SGLang sends the whole output so far each
+#: time), so the bytes a request streams grow with chunks x length; bounding the chunks keeps them linear in the
+#: length, and what a crash can lose to 1/MAX_CHUNKS of the budget.
+MAX_CHUNKS = 64
+
+
+def stream_interval(max_new_tokens: int, floor: int) -> int:
+    """Tokens per chunk for one request: ``floor`` (few tokens lost to a crash), wider for long budgets.
+
+    200 tokens at floor 8: every 8 (a crash loses at most 7 per request); 16 384 tokens: every 256 (at most 255,
+    1.6 % of the budget, and 64 chunks instead of 2 048).
+    """
+    return max(1, floor, -(-int(max_new_tokens) // MAX_CHUNKS))
 
 
 class Action(str, Enum):

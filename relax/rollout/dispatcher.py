@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from relax.engines.event_stream import EventStream
-from relax.rollout.dispatch import Action, RequestJourney, Step
+from relax.rollout.dispatch import Action, RequestJourney, Step, stream_interval
 from relax.rollout.generator import Generation
 from relax.rollout.pool import EnginePool, EngineRecord, EngineState
 from relax.rollout.router import FailureKind, NoEngineAvailable, RetryPolicy, Router, classify_error
@@ -62,7 +62,8 @@ class DispatchSettings:
     request_timeout_s: float = 300.0  # per wait for bytes of a generation, not the whole of it
     migrate: bool = True  # continue interrupted generations from their prefix (False: start them again)
     stream: bool = True  # hold every generation's prefix
-    stream_interval: int = 16  # tokens per chunk (SGLang's per-request ``sampling_params.stream_interval``)
+    stream_interval: int = 8  # tokens per chunk at least (``rollout.dispatch.stream_interval``; SGLang's
+    # per-request ``sampling_params.stream_interval``)
     eos_ids: frozenset[int] = frozenset()
     max_context: int | None = None
 
@@ -160,7 +161,8 @@ class Dispatcher:
         if not self.settings.stream:
             return await client.generate(input_ids=list(send.input_ids), sampling_params=dict(send.sampling_params),
                                          return_logprob=True, rid=rid, timeout=self.settings.request_timeout_s)
-        params = {**send.sampling_params, "stream_interval": self.settings.stream_interval}
+        interval = stream_interval(int(send.sampling_params.get("max_new_tokens", 128)), self.settings.stream_interval)
+        params = {**send.sampling_params, "stream_interval": interval}
         attempt.task = asyncio.ensure_future(client.generate_stream(
             attempt.held, input_ids=list(send.input_ids), sampling_params=params,
             return_logprob=True, rid=rid, timeout=self.settings.request_timeout_s))

@@ -89,10 +89,10 @@ class ManagerConfig:
     # (relax.rollout.migration) instead of starting again; False: start again (the tokens are regenerated)
     migrate_in_flight: bool = True
     # Generate streamed, so the prefix of every generation in flight is held and survives its engine dying
-    # without notice (relax.rollout.dispatcher), chunked every `stream_interval` tokens (losing at most that many
-    # per request to a crash; smaller costs more bytes: benchmarks/engine_throughput.py)
+    # without notice (relax.rollout.dispatcher), in chunks of at least `stream_interval` tokens (a crash loses less
+    # than one chunk per request; rollout.dispatch.stream_interval widens them for long budgets)
     stream_generations: bool = True
-    stream_interval: int = 16
+    stream_interval: int = 8
     # The engines' secret (SGLang's --api-key; the built-in engine's RELAX_ENGINE_API_KEY): every engine is
     # started with it and every engine call carries it. The driver always sets one (relax.engines.sglang.engine_secret).
     engine_api_key: str | None = field(default=None, repr=False)
@@ -259,6 +259,19 @@ class RolloutManager:
     async def generate(self, group_key: str, input_ids: list[int], sampling_params: dict[str, Any]) -> Generation:
         """One generation on an ACTIVE engine (``rollout.dispatcher``); for callers outside the actor."""
         return await self.dispatcher.generate(group_key, input_ids, sampling_params)
+
+    async def generate_batch(self, requests: list[tuple[str, list[int], dict[str, Any]]],
+                             max_concurrency: int = 64) -> list[Generation]:
+        """Many generations (group key, input ids, sampling params) with at most ``max_concurrency`` in flight,
+        dispatched inside the manager as the rollout loop does: one Ray call for all of them, not one each
+        (``benchmarks/scale_latency.py``, evaluation-style scripts)."""
+        gate = asyncio.Semaphore(max(1, int(max_concurrency)))
+
+        async def one(key: str, ids: list[int], params: dict[str, Any]) -> Generation:
+            async with gate:
+                return await self.dispatcher.generate(key, ids, params)
+
+        return list(await asyncio.gather(*(one(k, list(ids), dict(p)) for k, ids, p in requests)))
 
     # ------------------------------------------------------------------ generation loop
     async def start_generation(self, start_step: int = 0, cursor: dict[str, int] | None = None) -> None:

@@ -16,7 +16,11 @@ engine in the middle of long responses. Modes:
   (what a framework without drain handling does);
 * ``sigterm``: as ``migrate``, but the engine's node is a ``ray start --block`` worker
   (``relax.cluster.worker_node``) and the notice is a SIGTERM to that process: Ray marks its own node
-  DRAINING with ``RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S`` = the deadline, as on a pod deletion.
+  DRAINING with ``RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S`` = the deadline, as on a pod deletion;
+* ``crash``: no notice at all: once the engine is half-way through its (long) responses, its server's process
+  group is SIGKILLed, as the OOM killer or a GPU fault ends it. What survives is what the manager held of each
+  stream (``relax.rollout.dispatcher``); ``tokens_kept_fraction`` is then the share of the tokens the engine had
+  generated before the kill that the samples kept.
 
 Run ``python -m relax.testing.eviction_scenario --modes migrate --json`` (one JSON line per mode, last).
 """
@@ -26,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -47,7 +52,9 @@ def _wait(predicate: Any, timeout: float, what: str, poll_s: float = 0.1) -> Any
         time.sleep(poll_s)
 
 
-MODES = ("migrate", "retry", "abort", "sigterm")
+MODES = ("migrate", "retry", "abort", "sigterm", "crash")
+#: crash: the engine is killed once its requests have generated this many tokens each on average (of 200)
+CRASH_AFTER_TOKENS = 100
 
 
 class Pool:
@@ -87,7 +94,7 @@ class Pool:
 
 
 def migrates(mode: str) -> bool:
-    return mode in ("migrate", "sigterm")
+    return mode in ("migrate", "sigterm", "crash")
 
 
 def run_mode(mode: str, cluster: Any, pool: Pool, deadline_s: float, workdir: Path) -> dict[str, Any]:
@@ -121,15 +128,34 @@ def run_mode(mode: str, cluster: Any, pool: Pool, deadline_s: float, workdir: Pa
         def generated() -> int:
             return int(httpx.get(f"{url}/server_info", timeout=10, trust_env=False).json()["stats"]["generated_tokens"])
 
+        def pause() -> None:
+            httpx.post(f"{url}/pause_generation", json={"mode": "in_place"}, timeout=10, trust_env=False)
+
         params = {"max_new_tokens": MAX_NEW_TOKENS, "temperature": 1.0, "ignore_eos": True}
         base = generated()
+        if mode == "crash":  # frozen from the start, then let go in short steps until half-way through
+            pause()
         refs = [manager.generate.remote(f"evict-{mode}-{i}", [1, 2, 3, 4], params) for i in range(N_REQUESTS)]
-        _wait(lambda: generated() - base >= 40, 60, "the elastic engine to start generating", poll_s=0.01)
-        httpx.post(f"{url}/pause_generation", json={"mode": "in_place"}, timeout=10, trust_env=False)
+        if mode == "crash":
+            def on_victim() -> int:
+                engines = ray.get(manager.engines.remote())
+                placed = sum(e["in_flight"] for e in engines) == N_REQUESTS
+                return next(e["in_flight"] for e in engines if e["engine_id"] == victim["engine_id"]) if placed else 0
+
+            target = CRASH_AFTER_TOKENS * _wait(on_victim, 60, "the requests to be placed")
+            while generated() - base < target:  # the tiny model generates ~100 tokens/request in a blink
+                httpx.post(f"{url}/continue_generation", timeout=10, trust_env=False)
+                pause()
+        else:
+            _wait(lambda: generated() - base >= 40, 60, "the elastic engine to start generating", poll_s=0.01)
+            pause()
         before_notice = generated() - base
         before = ray.get(manager.status.remote())["migration"]
         notice_at = time.monotonic()
-        if worker is not None:
+        if mode == "crash":
+            server = ray.get(manager.engine_process.remote(victim["engine_id"]))
+            os.killpg(server["pid"], signal.SIGKILL)  # no notice: the server and its whole process group
+        elif worker is not None:
             if victim["node_id"] != worker.node_id:
                 raise RuntimeError(f"the elastic engine landed on {victim['node_id']}, not the worker node")
             worker.terminate()  # Ray's own marking: DRAINING, deadline now + RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S
@@ -151,14 +177,17 @@ def run_mode(mode: str, cluster: Any, pool: Pool, deadline_s: float, workdir: Pa
         status = ray.get(manager.status.remote())
         eviction = status["evictions"].get(victim["engine_id"], {})
         after = status["migration"]
-        if worker is not None:  # `ray start --block` exits once its node is idle (or at the deadline)
+        if mode == "crash":  # the node stays: only the engine died; the fleet released its placement group
+            node_gone = None
+        elif worker is not None:  # `ray start --block` exits once its node is idle (or at the deadline)
             node_gone = _wait(lambda: worker.wait(0.5) is not None, 120, "the worker node's `ray start` to exit")
         else:
             node_gone = _wait(lambda: not cluster.status().elastic_nodes, 120, "the drained node to leave",
                               poll_s=0.5)
         node_gone_s = time.monotonic() - notice_at
         # how the node left, as the GCS recorded it (a preempted node: AUTOSCALER_DRAIN_PREEMPTED)
-        left_as = _wait(lambda: node_departure(victim["node_id"]), 30, "the GCS to record the node's departure")
+        left_as = (None if mode == "crash" else
+                   _wait(lambda: node_departure(victim["node_id"]), 30, "the GCS to record the node's departure"))
         groups = [g for g in ray.util.placement_group_table().values()
                   if g.get("name") == f"relax-{victim['engine_id']}"]
         kept = after["tokens_kept"] - before["tokens_kept"]
@@ -168,7 +197,10 @@ def run_mode(mode: str, cluster: Any, pool: Pool, deadline_s: float, workdir: Pa
         return {
             "mode": mode, "phases": phases, "requests": N_REQUESTS, "lost_samples": lost, "complete_samples": complete,
             "tokens_before_notice_on_engine": before_notice, "tokens_kept": kept, "tokens_regenerated": regenerated,
-            "tokens_kept_fraction": kept / (kept + regenerated) if kept + regenerated else None,
+            # crash: of what the engine generated before the kill (the tail after the last streamed chunk is lost
+            # without being counted as regenerated); the other modes: of what the abort handed back
+            "tokens_kept_fraction": (kept / before_notice if before_notice else None) if mode == "crash" else
+            (kept / (kept + regenerated) if kept + regenerated else None),
             "migrated_requests": after["migrated_requests"] - before["migrated_requests"],
             "notice_to_engine_gone_s": eviction.get("notice_to_gone_s"),
             "gone_before_deadline": eviction.get("gone_before_deadline"), "budget_s": eviction.get("budget_s"),

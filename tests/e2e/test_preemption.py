@@ -3,7 +3,8 @@
 The scenario runs in a subprocess (this pytest process may hold its own local Ray): a head, one fake node the
 autoscaler adds for an elastic engine, a notice with reason PREEMPTION and a deadline while that engine is
 mid-way through its requests; the same with the notice as Ray gives it on SIGTERM to a `ray start --block`
-node; and a notice whose deadline already passed.
+node; a notice whose deadline already passed; and no notice at all: the engine's server SIGKILLed half-way
+through long responses.
 """
 
 from __future__ import annotations
@@ -45,14 +46,20 @@ def _kept_and_gone_in_time(result: dict, deadline_s: float) -> None:
 def test_notices_keep_the_work_and_beat_the_deadline_and_a_past_deadline_loses_nothing(tiny_preset) -> None:
     """(a) a notice through Ray's drain API, (b) Ray's own marking on SIGTERM to the node's `ray start --block`,
     (c) a deadline already past: an abrupt loss, retried from the prompts, nothing lost. One cluster for all."""
-    migrate, sigterm, past = run(tiny_preset, "--modes", "migrate,sigterm,abort", "--deadline", str(DEADLINE_S))
-    assert (migrate["mode"], sigterm["mode"], past["mode"]) == ("migrate", "sigterm", "abort")
+    migrate, sigterm, crash, past = run(tiny_preset, "--modes", "migrate,sigterm,crash,abort",
+                                        "--deadline", str(DEADLINE_S))
+    assert (migrate["mode"], sigterm["mode"], crash["mode"], past["mode"]) == ("migrate", "sigterm", "crash", "abort")
     _kept_and_gone_in_time(migrate, DEADLINE_S)
     _kept_and_gone_in_time(sigterm, DEADLINE_S)
     assert sigterm["node_gone_s"] < DEADLINE_S  # `ray start --block` exited once its node was idle, in time
     assert past["lost_samples"] == 0 and past["complete_samples"] == past["requests"]
     assert past["tokens_kept"] == 0 and past["tokens_regenerated"] > 0 and past["migrated_requests"] == 0
     assert past["budget_s"] == 0
-    for r in (migrate, sigterm, past):
+    # a crash without notice: every request completes once, in full, from the prefix its stream had delivered
+    # (at most one chunk, 8 tokens, lost per request)
+    assert crash["lost_samples"] == 0 and crash["complete_samples"] == crash["requests"]
+    assert crash["migrated_requests"] > 0 and crash["tokens_regenerated"] == 0
+    assert crash["tokens_kept_fraction"] >= 0.9 and crash["tokens_kept"] <= crash["tokens_before_notice_on_engine"]
+    for r in (migrate, sigterm, crash, past):
         print(f"preemption ({r['mode']}):", json.dumps({k: r[k] for k in (
             "tokens_kept", "tokens_regenerated", "notice_to_engine_gone_s", "affected_samples_done_s")}))

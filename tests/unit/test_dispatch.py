@@ -16,7 +16,7 @@ import pytest
 
 from relax.engines.client import EngineUnavailable
 from relax.engines.event_stream import EventStream
-from relax.rollout.dispatch import Action, RequestJourney
+from relax.rollout.dispatch import MAX_CHUNKS, Action, RequestJourney, stream_interval
 from relax.rollout.dispatcher import Dispatcher, DispatchSettings, SampleLostError
 from relax.rollout.pool import EngineKind, EnginePool, EngineState
 from relax.rollout.router import FailureKind, RetryPolicy, Router
@@ -130,6 +130,13 @@ def test_a_request_that_runs_out_of_attempts_is_lost_loudly_and_a_client_error_i
     assert j.failed("e0", FailureKind.CLIENT_ERROR, None, 1).action is Action.LOST
 
 
+def test_chunks_are_few_tokens_apart_but_never_more_than_max_chunks_per_request() -> None:
+    assert stream_interval(32, floor=8) == 8 and stream_interval(200, floor=8) == 8
+    assert stream_interval(16384, floor=8) == 256 == 16384 // MAX_CHUNKS
+    assert stream_interval(1000, floor=8) == 16  # ceil(1000 / 64)
+    assert stream_interval(0, floor=0) == 1
+
+
 # -- the shell -------------------------------------------------------------------------------------------------
 
 
@@ -216,7 +223,7 @@ def test_a_stream_that_breaks_continues_on_another_engine_from_its_last_complete
     gen, d, router, fleet = asyncio.run(run())
     assert gen.engine_id == "engine_1" and gen.output["output_ids"] == [5, 6, 7, 8, 9, 4]
     assert survivor.calls[0]["input_ids"] == [*PROMPT, 5, 6, 7]
-    assert survivor.calls[0]["sampling_params"] == {"max_new_tokens": 3, "stream_interval": 16}
+    assert survivor.calls[0]["sampling_params"] == {"max_new_tokens": 3, "stream_interval": 8}
     assert fleet.failed == ["engine_0"] and router.total_in_flight() == 0
     assert d.migration.tokens_kept == 3 and d.migration.migrated_requests == 1 and d.tokens_generated == 6
 
