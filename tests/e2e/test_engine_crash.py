@@ -6,21 +6,20 @@ the dead initial engine is replaced in its own bundle. The rollout temperature i
 responses run to the length limit (it would otherwise answer in 4 tokens): long generations, as in the recipe.
 
 Checked: the run ends normally; every step has exactly its batch of samples, each group its n samples, none
-twice; every migrated token kept (none regenerated) and every sample's log-probs match its tokens.
+twice; every migrated token kept (none regenerated) and every sample's version spans cover its tokens.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 from pathlib import Path
 
-import httpx
 import psutil
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from relax.cluster.network import free_port
 from relax.demo.elastic import RunApi, wait_until
@@ -30,12 +29,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 MAX_NEW_TOKENS = 96
 BATCH, N = 4, 4
-
-
-def relax_metrics(api: RunApi) -> dict[str, float]:
-    text = httpx.get(f"{api.url}/metrics", timeout=5, trust_env=False).text
-    return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples
-            if s.name.startswith("relax_")}
 
 
 def server_pid(driver_pid: int, url: str) -> int:
@@ -57,7 +50,7 @@ def test_an_engine_killed_mid_generation_loses_no_sample_and_keeps_its_tokens(ti
     out = tmp_path / "run"
     grpo = {"rollout_batch_size": BATCH, "n_samples_per_prompt": N, "max_new_tokens": MAX_NEW_TOKENS,
             "temperature": 25.0, "lr": 1e-4, "eps_clip": 0.2, "eps_clip_high": 0.28}
-    argv = train_argv(tiny_preset, out, num_rollout=6, max_staleness=1, trainer_gpus=1, grpo=grpo,
+    argv = train_argv(tiny_preset, out, num_rollout=12, max_staleness=1, trainer_gpus=1, grpo=grpo,
                       extra=("--api-port", str(port), "--record-samples"))
     log_path = tmp_path / "driver.log"
     with log_path.open("w") as log:
@@ -66,13 +59,10 @@ def test_an_engine_killed_mid_generation_loses_no_sample_and_keeps_its_tokens(ti
         wait_until(lambda: driver.poll() is None and api.training_step() >= 1, 420, "training to start")
         victim = next(e for e in api.active() if e["engine_id"] == "engine_1")
         pid = server_pid(driver.pid, victim["url"])
-        before = relax_metrics(api)
         # mid-generation: requests on the victim (a step's 16 requests take ~1 s to generate on it)
         wait_until(lambda: next(e["in_flight"] for e in api.engines() if e["engine_id"] == "engine_1") >= 2, 120,
                    "requests in flight on engine_1")
         os.killpg(pid, signal.SIGKILL)
-        after = wait_until(lambda: (m := relax_metrics(api))["relax_migrated_requests"]
-                           > before["relax_migrated_requests"] and m, 120, "a request continued elsewhere")
         driver.wait(timeout=300)
     finally:
         if driver.poll() is None:
@@ -81,22 +71,25 @@ def test_an_engine_killed_mid_generation_loses_no_sample_and_keeps_its_tokens(ti
     text = log_path.read_text(errors="replace")
     assert driver.returncode == 0, text[-4000:]
     assert "engine_1 failed" in text
-
-    kept = after["relax_migration_tokens_kept"] - before["relax_migration_tokens_kept"]
-    assert kept > 0 and after["relax_migration_tokens_regenerated"] == before["relax_migration_tokens_regenerated"]
+    # the run is over in seconds, so the dispatcher's own lines tell what happened to engine_1's requests
+    continued = re.findall(r"request continued on engine_\d+: (\d+) segment\(s\), (\d+) token", text)
+    assert continued and all(int(segments) >= 2 for segments, _ in continued)
+    assert "thrown away and regenerated" not in text  # every streamed token kept
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     by_step: dict[int, list[dict]] = {}
     for s in samples:
         by_step.setdefault(s["step"], []).append(s)
-    assert sorted(by_step) == list(range(6))
+    assert sorted(by_step) == list(range(12))
     for step, rows in by_step.items():  # every sample exactly once: BATCH groups of N, no duplicate
         assert len(rows) == BATCH * N, step
-        groups: dict[int, int] = {}
+        groups: dict[int, set[int]] = {}
         for s in rows:
-            groups[s["prompt_index"]] = groups.get(s["prompt_index"], 0) + 1
-        assert sorted(groups.values()) == [N] * BATCH, (step, groups)
-        for s in rows:  # stitched samples are whole: a log-prob per token, within the budget
-            assert 0 < len(s["response_token_ids"]) <= MAX_NEW_TOKENS
-            assert len(s["rollout_log_probs"]) == len(s["response_token_ids"])
-    print(f"engine crash mid-generation: {after['relax_migrated_requests'] - before['relax_migrated_requests']:.0f} "
-          f"request(s) continued elsewhere, {kept:.0f} token(s) kept, 0 regenerated")
+            groups.setdefault(s["prompt_index"], set()).add(s["sample_index"])
+        assert sorted(map(sorted, groups.values())) == [list(range(N))] * BATCH, (step, groups)
+        for s in rows:  # stitched samples are whole: their version spans cover every token, in order
+            ids = s["response_token_ids"]
+            assert 0 < len(ids) <= MAX_NEW_TOKENS
+            spans = s["weight_version_spans"]
+            assert spans[0][1] == 0 and spans[-1][2] == len(ids)
+            assert all(a[2] == b[1] for a, b in zip(spans, spans[1:], strict=False))
+    print(f"engine crash mid-generation: {len(continued)} request(s) continued elsewhere, 0 tokens regenerated")
