@@ -80,6 +80,28 @@ def test_a_llama_with_grouped_query_attention_and_biases_matches_transformers(tm
     assert_same_logits(native, transformers_model(model_dir))
 
 
+def test_a_cache_that_outgrows_its_preallocated_columns_keeps_transformers_logits(tmp_path: Path) -> None:
+    """The native cache preallocates columns and grows them by doubling: logits across a growth, a join into
+    a grown cache (left padding of unequal capacities) and a row drop after it match transformers'."""
+    model_dir = llama_checkpoint(tmp_path / "llama")
+    native, reference = load_model(model_dir, CPU), transformers_model(model_dir)
+
+    def long_run(runner: ModelRunner) -> list[torch.Tensor]:
+        out = [runner.prefill([[5, 6, 7], [8]])]
+        for step in range(70):  # past the first 64 columns
+            out.append(runner.decode([10 + step % 50, 11 + step % 40]))
+        out.append(runner.join([[30, 31, 32, 33]]))
+        out.append(runner.decode([12, 13, 14]))
+        runner.keep_rows([0, 2])
+        out.extend(runner.decode([15 + step % 30, 16]) for step in range(5))
+        return out
+
+    ours, theirs = long_run(ModelRunner(native, CPU, 0)), long_run(ModelRunner(reference, CPU, 0))
+    for step, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+        assert a.shape == b.shape, step
+        assert torch.allclose(a, b, atol=2e-5, rtol=1e-5), (step, (a - b).abs().max().item())
+
+
 def test_architectures_it_does_not_implement_exactly_are_served_by_transformers(tmp_path: Path) -> None:
     model_dir = llama_checkpoint(tmp_path / "scaled", rope_scaling={"rope_type": "linear", "factor": 2.0})
     model = load_model(model_dir, CPU)

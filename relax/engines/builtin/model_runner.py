@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from relax.engines.builtin.decoder import load_decoder, native_config, not_native
+from relax.engines.builtin.decoder import KVCache, load_decoder, native_config, not_native
 from relax.engines.builtin.model_impl import ModelImpl, ModelImplError
 
 log = logging.getLogger(__name__)
@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class _BatchState:
-    cache: Any  # decoder.KVCache, or transformers' DynamicCache: both keep ``layers[i].keys/values``
+    cache: Any  # decoder.KVCache, or transformers' DynamicCache (``layers[i].keys/values``)
     attention_mask: torch.Tensor  # [B, L] 1 = real token
     next_position: torch.Tensor  # [B] position id of the next token
 
@@ -110,9 +110,13 @@ class ModelRunner:
         logits, new = self._encode(sequences)
         old = self._state
         width = max(old.attention_mask.shape[1], new.attention_mask.shape[1])
-        for old_layer, new_layer in zip(old.cache.layers, new.cache.layers, strict=True):
-            old_layer.keys = torch.cat([_left_pad(old_layer.keys, width), _left_pad(new_layer.keys, width)])
-            old_layer.values = torch.cat([_left_pad(old_layer.values, width), _left_pad(new_layer.values, width)])
+        if isinstance(old.cache, KVCache):  # the native cache pads and merges its preallocated buffers itself
+            old.cache.merge(new.cache)
+        else:
+            for old_layer, new_layer in zip(old.cache.layers, new.cache.layers, strict=True):
+                old_layer.keys = torch.cat([_left_pad(old_layer.keys, width), _left_pad(new_layer.keys, width)])
+                old_layer.values = torch.cat([_left_pad(old_layer.values, width),
+                                              _left_pad(new_layer.values, width)])
         old.attention_mask = torch.cat([_left_pad(old.attention_mask, width), _left_pad(new.attention_mask, width)])
         old.next_position = torch.cat([old.next_position, new.next_position])
         return logits
