@@ -102,6 +102,27 @@ def test_a_cache_that_outgrows_its_preallocated_columns_keeps_transformers_logit
         assert torch.allclose(a, b, atol=2e-5, rtol=1e-5), (step, (a - b).abs().max().item())
 
 
+def test_identical_sequences_are_encoded_once_with_the_logits_of_encoding_each(tmp_path: Path) -> None:
+    """A prefill or join encodes each distinct sequence once and repeats its cache rows: the logits of every
+    step after it are those of encoding every row, duplicates included."""
+    model = load_model(llama_checkpoint(tmp_path / "llama"), CPU)
+
+    def steps(runner: ModelRunner) -> list[torch.Tensor]:
+        out = [runner.prefill([[5, 6, 7], [8], [5, 6, 7], [5, 6, 7]])]
+        out.append(runner.decode([20, 21, 22, 23]))
+        out.append(runner.join([[30, 31], [8, 9, 10, 11, 12], [30, 31]]))
+        out.append(runner.decode([24, 25, 26, 27, 28, 29, 30]))
+        runner.keep_rows([1, 2, 6])
+        out.append(runner.decode([31, 32, 33]))
+        return out
+
+    every_row = ModelRunner(model, CPU, 0)
+    every_row._encode = every_row._encode_rows  # type: ignore[method-assign]
+    for step, (a, b) in enumerate(zip(steps(ModelRunner(model, CPU, 0)), steps(every_row), strict=True)):
+        assert a.shape == b.shape, step
+        assert torch.allclose(a, b, atol=2e-5, rtol=1e-5), (step, (a - b).abs().max().item())
+
+
 def test_architectures_it_does_not_implement_exactly_are_served_by_transformers(tmp_path: Path) -> None:
     model_dir = llama_checkpoint(tmp_path / "scaled", rope_scaling={"rope_type": "linear", "factor": 2.0})
     model = load_model(model_dir, CPU)

@@ -122,6 +122,24 @@ class ModelRunner:
         return logits
 
     def _encode(self, sequences: list[list[int]]) -> tuple[torch.Tensor, _BatchState]:
+        """Encode ``sequences`` into a fresh cache, each distinct sequence once.
+
+        Identical sequences in one prefill are the rule in RL rollouts (``n`` samples of a prompt, or a group of
+        one prompt sent as separate requests, which arrive and are admitted together): their keys, values and
+        logits are the same, so the distinct ones are encoded and the cache's rows are then repeated. A prefill
+        is compute-bound on CPU (SmolLM2-135M: ~0.8 s for 16 rows of a 38-token prompt, a dozen decode steps).
+        """
+        distinct: dict[tuple[int, ...], int] = {}
+        rows = [distinct.setdefault(tuple(seq), len(distinct)) for seq in sequences]
+        if len(distinct) == len(sequences):
+            return self._encode_rows(sequences)
+        logits, state = self._encode_rows([list(seq) for seq in distinct])
+        index = torch.tensor(rows, dtype=torch.long, device=self.device)
+        state.cache.batch_select_indices(index)
+        state.attention_mask, state.next_position = state.attention_mask[index], state.next_position[index]
+        return logits[index], state
+
+    def _encode_rows(self, sequences: list[list[int]]) -> tuple[torch.Tensor, _BatchState]:
         width = max(len(s) for s in sequences)
         ids = torch.full((len(sequences), width), self.pad_token_id, dtype=torch.long)
         mask = torch.zeros((len(sequences), width), dtype=torch.long)
@@ -154,6 +172,7 @@ class ModelRunner:
         state.next_position = state.next_position + 1
         return out.logits[:, -1, :].float()
 
+    @torch.inference_mode()
     def keep_rows(self, rows: list[int]) -> None:
         """Drop finished rows from the cached batch."""
         if self._state is None:
