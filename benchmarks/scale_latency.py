@@ -303,6 +303,8 @@ def _run(args: argparse.Namespace, preset: Any, tmp: Path) -> dict:
         scale_in_drain_timeout_s=30,
         scale_in_shutdown_timeout_s=10,
         engine_log_dir=str(tmp / "engine-logs"),
+        stream_generations=args.stream != "off",
+        stream_min_tokens=0 if args.stream == "all" else ManagerConfig.stream_min_tokens,
     )
     initial = placement_group([{"GPU": 1, "CPU": 1}], strategy="PACK", name="bench-initial")
     ray.get(initial.ready(), timeout=60)
@@ -358,6 +360,9 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3, help="router/direct alternations")
+    parser.add_argument("--stream", choices=("auto", "all", "off"), default="auto",
+                        help="auto: the manager's rule (budgets of 64 tokens or fewer unstreamed); all: every request "
+                             "streamed; off: none (no prefix held: a crash loses whole requests)")
     parser.add_argument("--out", default="benchmarks/results/scale_latency.json")
     args = parser.parse_args()
     began = time.monotonic()

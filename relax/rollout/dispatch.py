@@ -36,12 +36,16 @@ __all__ = ["MAX_CHUNKS", "Action", "RequestJourney", "Step", "stream_interval"]
 MAX_CHUNKS = 64
 
 
-def stream_interval(max_new_tokens: int, floor: int) -> int:
-    """Tokens per chunk for one request: ``floor`` (few tokens lost to a crash), wider for long budgets.
+def stream_interval(max_new_tokens: int, floor: int, min_tokens: int = 0) -> int | None:
+    """Tokens per chunk for one request, or None: send it unstreamed.
 
-    200 tokens at floor 8: every 8 (a crash loses at most 7 per request); 16 384 tokens: every 256 (at most 255,
-    1.6 % of the budget, and 64 chunks instead of 2 048).
+    ``floor`` tokens at least (few tokens lost to a crash), wider for long budgets: 200 tokens at floor 8 are
+    streamed every 8 (a crash loses at most 7 per request); 16 384 tokens every 256 (at most 255, 1.6 % of the
+    budget, in 64 chunks instead of 2 048). A budget of at most ``min_tokens`` is not streamed: a crash then
+    costs at most that many tokens generated again, less than what its chunks cost a busy engine.
     """
+    if int(max_new_tokens) <= min_tokens:
+        return None
     return max(1, floor, -(-int(max_new_tokens) // MAX_CHUNKS))
 
 

@@ -64,6 +64,7 @@ class DispatchSettings:
     stream: bool = True  # hold every generation's prefix
     stream_interval: int = 8  # tokens per chunk at least (``rollout.dispatch.stream_interval``; SGLang's
     # per-request ``sampling_params.stream_interval``)
+    stream_min_tokens: int = 64  # budgets up to this many tokens are sent unstreamed (a crash regenerates them)
     eos_ids: frozenset[int] = frozenset()
     max_context: int | None = None
 
@@ -158,10 +159,11 @@ class Dispatcher:
     async def _send(self, attempt: _Attempt, send: Step) -> Mapping[str, Any]:
         client = self.fleet.client(attempt.engine_id)
         rid = uuid.uuid4().hex
-        if not self.settings.stream:
+        interval = stream_interval(int(send.sampling_params.get("max_new_tokens", 128)), self.settings.stream_interval,
+                                   self.settings.stream_min_tokens) if self.settings.stream else None
+        if interval is None:
             return await client.generate(input_ids=list(send.input_ids), sampling_params=dict(send.sampling_params),
                                          return_logprob=True, rid=rid, timeout=self.settings.request_timeout_s)
-        interval = stream_interval(int(send.sampling_params.get("max_new_tokens", 128)), self.settings.stream_interval)
         params = {**send.sampling_params, "stream_interval": interval}
         attempt.task = asyncio.ensure_future(client.generate_stream(
             attempt.held, input_ids=list(send.input_ids), sampling_params=params,

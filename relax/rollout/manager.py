@@ -93,6 +93,7 @@ class ManagerConfig:
     # than one chunk per request; rollout.dispatch.stream_interval widens them for long budgets)
     stream_generations: bool = True
     stream_interval: int = 8
+    stream_min_tokens: int = 64  # shorter budgets are sent unstreamed: a crash costs them at most this many tokens
     # The engines' secret (SGLang's --api-key; the built-in engine's RELAX_ENGINE_API_KEY): every engine is
     # started with it and every engine call carries it. The driver always sets one (relax.engines.sglang.engine_secret).
     engine_api_key: str | None = field(default=None, repr=False)
@@ -185,6 +186,7 @@ class RolloutManager:
             self.router, self.pool, self.fleet, RetryPolicy(max_attempts=config.max_attempts),
             DispatchSettings(request_timeout_s=config.request_timeout_s, migrate=config.migrate_in_flight,
                              stream=config.stream_generations, stream_interval=config.stream_interval,
+                             stream_min_tokens=config.stream_min_tokens,
                              eos_ids=frozenset() if eos is None else frozenset({int(eos)}),
                              max_context=_max_context(config.model_path)))
         self.executor = ScaleExecutor(

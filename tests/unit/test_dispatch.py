@@ -134,7 +134,9 @@ def test_chunks_are_few_tokens_apart_but_never_more_than_max_chunks_per_request(
     assert stream_interval(32, floor=8) == 8 and stream_interval(200, floor=8) == 8
     assert stream_interval(16384, floor=8) == 256 == 16384 // MAX_CHUNKS
     assert stream_interval(1000, floor=8) == 16  # ceil(1000 / 64)
-    assert stream_interval(0, floor=0) == 1
+    assert stream_interval(1, floor=0) == 1
+    # a budget a crash could cost in full for less than its chunks would: unstreamed
+    assert stream_interval(64, floor=8, min_tokens=64) is None and stream_interval(65, floor=8, min_tokens=64) == 8
 
 
 # -- the shell -------------------------------------------------------------------------------------------------
@@ -206,7 +208,8 @@ def make(clients: dict[str, ScriptedClient], **settings: Any) -> tuple[Dispatche
     pool, router, fleet = active_pool(len(clients)), Router(), FakeFleet(clients)
     for engine_id in clients:
         router.add(engine_id)
-    d = Dispatcher(router, pool, fleet, RetryPolicy(4), DispatchSettings(eos_ids=frozenset({EOS}), **settings))
+    d = Dispatcher(router, pool, fleet, RetryPolicy(4),
+                   DispatchSettings(eos_ids=frozenset({EOS}), stream_min_tokens=0, **settings))
     pool._on_transition = d.on_transition  # the manager composes it the same way
     return d, router, fleet
 

@@ -47,7 +47,7 @@ from relax.engines.builtin.protocol import (
 from relax.engines.builtin.rwlock import WriterPreferringLock
 from relax.engines.builtin.scheduler import Capacity
 from relax.engines.builtin.scheduler import Request as EngineRequest
-from relax.engines.builtin.streaming import StreamFeed, abort_unfinished, sse
+from relax.engines.builtin.streaming import StreamFeed, Wakeups, abort_unfinished, sse
 from relax.engines.builtin.tokenizer import load_tokenizer
 from relax.engines.builtin.weight_updates import DistributedUpdates, WeightUpdateError
 from relax.engines.guard import parent_watchdog
@@ -155,6 +155,7 @@ class BuiltinServer:
         self.update_lock = WriterPreferringLock()
         self.weight_loads = 0  # successful /update_weights_from_disk calls since start (server_info)
         self.distributed = DistributedUpdates(self.engine, self.update_lock, self.device)
+        self._wakeups: Wakeups | None = None  # streams due on the engine thread, woken on the loop together
 
     def _eos_ids(self, model: torch.nn.Module) -> frozenset[int]:
         ids: set[int] = set()
@@ -219,7 +220,9 @@ class BuiltinServer:
         Validated before the first byte, so a bad request is a plain 400, not a broken stream. Submitted when
         the response starts: a response that never starts (its client gone at once) leaves nothing running.
         """
-        feed = StreamFeed(asyncio.get_running_loop(), body.sampling_params.stream_interval or self.args.stream_interval)
+        if self._wakeups is None:  # made on the server's loop, at its first stream
+            self._wakeups = Wakeups(asyncio.get_running_loop())
+        feed = StreamFeed(self._wakeups, body.sampling_params.stream_interval or self.args.stream_interval)
         requests = self._requests(body, feed.finished, feed.progress)
         for parent in {r.parent_rid for r in requests}:
             if self.engine.has_request(parent):

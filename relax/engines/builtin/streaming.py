@@ -13,9 +13,11 @@ received (``relax.rollout.dispatch``). SGLang's contract (``SGLANG-CONTRACT.md``
 * a client that disconnects has its requests aborted (as a non-streaming one does).
 
 The engine thread calls :meth:`StreamFeed.progress` after each step; it only compares two integers and, when a
-chunk is due, wakes the event loop (one ``call_soon_threadsafe``), so streaming costs the engine loop nothing
-per token. The chunk itself is built on the event loop from the request's lists, which the engine thread only
-ever appends to (ids before log-probs: the log-prob count bounds a consistent prefix).
+chunk is due, marks the stream due in :class:`Wakeups`, which wakes the event loop once however many streams fell
+due in that step (a batch's requests reach their interval in the same step: one wake-up instead of one each), so
+streaming costs the engine loop almost nothing per token. The chunk itself is built on the event loop from the
+request's lists, which the engine thread only ever appends to (ids before log-probs: the log-prob count bounds a
+consistent prefix).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -33,7 +36,7 @@ from relax.engines.builtin.versions import version_spans
 
 log = logging.getLogger("relax.engine")
 
-__all__ = ["DONE", "StreamFeed", "abort_unfinished", "sse"]
+__all__ = ["DONE", "StreamFeed", "Wakeups", "abort_unfinished", "sse"]
 
 DONE = b"data: [DONE]\n\n"
 
@@ -43,13 +46,38 @@ def sse(payload: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
 
 
+class Wakeups:
+    """Streams that fell due on the engine thread, woken on the event loop in one go."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._due: set[asyncio.Event] = set()
+        self._scheduled = False
+
+    def due(self, wake: asyncio.Event) -> None:
+        """Engine thread: ``wake`` is to be set; schedules one flush for all of them."""
+        with self._lock:
+            self._due.add(wake)
+            if self._scheduled:
+                return
+            self._scheduled = True
+        self._loop.call_soon_threadsafe(self._flush)
+
+    def _flush(self) -> None:
+        with self._lock:
+            due, self._due, self._scheduled = self._due, set(), False
+        for wake in due:
+            wake.set()
+
+
 class StreamFeed:
     """The requests of one streaming call: when a chunk is due, and the chunks themselves."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, interval: int) -> None:
+    def __init__(self, wakeups: Wakeups, interval: int) -> None:
         if interval < 1:
             raise ValueError(f"stream interval must be >= 1 token, got {interval}")
-        self._loop = loop
+        self._wakeups = wakeups
         self._interval = interval
         self._wake = asyncio.Event()
         self._notified: dict[int, int] = {}  # id(request) -> output length at its last wake-up (engine thread)
@@ -62,22 +90,27 @@ class StreamFeed:
         n = len(req.output_logprobs)
         if n - self._notified.get(id(req), 0) >= self._interval:
             self._notified[id(req)] = n
-            self._loop.call_soon_threadsafe(self._wake.set)
+            self._wakeups.due(self._wake)
 
     def finished(self, req: Request) -> None:
         """``Request.on_finish``: the last chunk is always sent."""
-        self._loop.call_soon_threadsafe(self._wake.set)
+        self._wakeups.due(self._wake)
 
     # -- event loop ---------------------------------------------------------------------------------
 
     async def chunks(self, requests: list[Request], *, indexed: bool, return_logprob: bool,
                      decode: Callable[[list[int], bool], str], current_version: Callable[[], str],
                      final: Callable[[Request], dict[str, Any]]) -> AsyncIterator[bytes]:
-        """Events until every request finished, then ``[DONE]``."""
+        """Events until every request finished, then ``[DONE]``.
+
+        What falls due together goes out as one write (the chunks of a batched call, the last chunk and ``[DONE]``):
+        on a small model a socket write costs as much as generating a token.
+        """
         done: set[int] = set()
         while len(done) < len(requests):
             await self._wake.wait()
             self._wake.clear()
+            events: list[bytes] = []
             for index, req in enumerate(requests):
                 if id(req) in done:
                     continue
@@ -92,8 +125,11 @@ class StreamFeed:
                     self._sent[id(req)] = n
                 if indexed:
                     payload["index"] = index
-                yield sse(payload)
-        yield DONE
+                events.append(sse(payload))
+            if len(done) == len(requests):
+                events.append(DONE)
+            if events:
+                yield b"".join(events)
 
     @staticmethod
     def _partial(req: Request, n: int, return_logprob: bool, decode: Callable[[list[int], bool], str],
