@@ -137,20 +137,23 @@ class Dispatcher:
     async def _attempt(self, journey: RequestJourney, engine_id: str, send: Step) -> tuple[Step, BaseException | None]:
         attempt = _Attempt(engine_id)
         version = 0
+        error: Exception | None = None
         try:
             await self.fleet.weight_sync.wait_not_syncing(engine_id)  # a weight load in progress: hold it here
             version = self.pool.get(engine_id).weight_version or 0
             output = await self._send(attempt, send)
         except Exception as exc:
-            failure = FailureKind.ENGINE_FAILED if isinstance(exc, EngineLost) else classify_error(exc)
+            error = exc
+        finally:  # released before anything else, so a drain waiting on this engine sees it at once
+            self.router.release(engine_id)
+            self.fleet.note_release(engine_id)
+        if error is not None:
+            failure = FailureKind.ENGINE_FAILED if isinstance(error, EngineLost) else classify_error(error)
             prefix = attempt.held.latest() if self._prefix_readable(attempt) else None
             step = journey.failed(engine_id, failure, prefix, version)
             if failure in (FailureKind.ENGINE_UNAVAILABLE, FailureKind.ENGINE_FAILED):
-                await self.fleet.on_engine_failure(engine_id, exc)
-            return step, exc
-        finally:
-            self.router.release(engine_id)
-            self.fleet.note_release(engine_id)
+                await self.fleet.on_engine_failure(engine_id, error)
+            return step, error
         step = journey.answered(engine_id, output, version)
         if step.action is Action.DONE:
             self.fleet.note_answer(engine_id, version)
