@@ -45,6 +45,7 @@ from relax.rollout.api_models import (
 )
 from relax.rollout.events import EventKind
 from relax.rollout.manager_client import ManagerInternalError, ManagerTimeout, ManagerUnavailable
+from relax.rollout.prometheus_sd import sd_groups
 from relax.rollout.relax_metrics import CONTENT_TYPE, render_metrics
 from relax.rollout.scaling import ScaleInSpec, ScaleOutSpec
 
@@ -115,6 +116,13 @@ class EventsResponse(BaseModel):
     events: list[EventView]
     total: int
     dropped: int
+
+
+class PrometheusTargetGroup(BaseModel):
+    """One group of ``GET /rollout/prometheus_sd`` (Prometheus's http_sd format): one ACTIVE engine."""
+
+    targets: list[str]
+    labels: dict[str, str]
 
 
 # -- answering --------------------------------------------------------------------------------------
@@ -271,6 +279,17 @@ def _rollout_router(backend: RolloutBackend) -> APIRouter:
     async def engines(model_name: ModelFilter = None) -> JSONResponse:
         """Engines of the pool with their lifecycle status; removed and failed ones are hidden."""
         return await _answer(backend.engines_view(model_name))
+
+    @router.get(
+        "/prometheus_sd", response_model=list[PrometheusTargetGroup], responses=_error_responses(401, 503)
+    )
+    async def prometheus_sd() -> JSONResponse:
+        """Prometheus HTTP service discovery: the ACTIVE engines' metrics addresses (``http_sd_configs``)."""
+
+        async def groups() -> list[dict[str, Any]]:
+            return sd_groups(await backend.engines_view(None))
+
+        return await _answer(groups())
 
     @router.post(
         "/scale_out",

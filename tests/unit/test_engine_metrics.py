@@ -47,7 +47,7 @@ def test_gauges_reflect_snapshot_and_histograms_observe() -> None:
     assert s["sglang:token_usage"] == 0.25
     assert s["sglang:num_used_tokens"] == 250
     assert s["sglang:max_total_num_tokens"] == 1000
-    assert s["relax:engine_weight_version"] == 7
+    assert s["relax_engine_served_weight_version"] == 7
     assert s["sglang:queue_time_seconds_bucket[0.2]"] == 0 and s["sglang:queue_time_seconds_bucket[0.5]"] == 1
     assert s["sglang:time_to_first_token_seconds_bucket[400.0]"] == 0
     assert s["sglang:time_to_first_token_seconds_bucket[+Inf]"] == 1

@@ -89,7 +89,9 @@ class EngineMetrics:
         self._max_tokens = gauge("sglang:max_total_num_tokens", "Token capacity of the engine")
         self._usage = gauge("sglang:token_usage", "Fraction of token capacity in use (0-1)")
         self._throughput = gauge("sglang:gen_throughput", "Generated tokens per second (5 s window)")
-        self._weight_version = gauge("relax:engine_weight_version", "Weight version being served")
+        # Relax's own series: Prometheus naming (no colon; the control plane's relax_engine_weight_version is the
+        # oldest version over the ACTIVE engines, a different number, hence a different name).
+        self._weight_version = gauge("relax_engine_served_weight_version", "Weight version this engine serves")
         self.queue_time = histogram(
             "sglang:queue_time_seconds", "Time from arrival to first scheduling", QUEUE_TIME_BUCKETS
         ).labels(**self._labels)
