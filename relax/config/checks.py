@@ -12,10 +12,11 @@ import json
 import socket
 import struct
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["check_hf_checkpoint", "check_load", "check_model_type", "check_port_free", "check_weight_shapes",
-           "safetensors_problem"]
+__all__ = ["RunDirDecision", "RunOutputs", "check_hf_checkpoint", "check_load", "check_model_type",
+           "check_port_free", "check_weight_shapes", "find_run_outputs", "run_dir_decision", "safetensors_problem"]
 
 
 def safetensors_problem(path: Path) -> str | None:
@@ -192,3 +193,126 @@ def check_load(load: str | None, save: str | None) -> str | None:
         return (f"--load {load} is a Hugging Face model directory, not a Relax checkpoint: give it as "
                 "--hf-checkpoint (--load resumes a run from its --save directory or one of its checkpoints)")
     return None
+
+
+# --------------------------------------------------------------------------------------------------
+# One output directory, one run
+
+#: Files of an output directory that hold one row per step (``metrics.jsonl`` counts steps from 1, the per-sample
+#: records from 0): a second run appending to them would log its steps a second time.
+STEP_FILES = ("metrics.jsonl", "sample_versions.jsonl", "samples.jsonl")
+EVENT_FILE_PREFIX = "events.out.tfevents."
+
+
+@dataclass(frozen=True)
+class RunOutputs:
+    """What an earlier run logged in an output directory: the files with step rows in them (display names) and
+    the last step of ``metrics.jsonl`` (None when it has no readable row)."""
+
+    files: tuple[str, ...] = ()
+    last_step: int | None = None
+
+
+@dataclass(frozen=True)
+class RunDirDecision:
+    """``fresh`` (nothing logged there yet), ``resume`` (the run there goes on from the checkpoint's step: what it
+    logged after that step is dropped, the rest kept) or ``refuse`` (``problem`` says why, in one line)."""
+
+    action: str
+    problem: str | None = None
+
+
+def run_dir_decision(outputs: RunOutputs, resume_step: int | None, output_dir: str,
+                     load: str | None = None) -> RunDirDecision:
+    """What a start into ``output_dir`` does, given what is there and the step ``--load`` resumes from.
+
+    ``resume_step`` is the step of the complete checkpoint ``--load`` resumes from (None: the run starts from
+    ``--hf-checkpoint``). A resume continues the run directory whatever it holds (its rows after the step are
+    dropped, so no step is logged twice); a start from step 0 into a directory where another run logged steps
+    is refused: its rows would be logged again beside theirs.
+    """
+    if resume_step is not None:
+        return RunDirDecision("resume")
+    if not outputs.files:
+        return RunDirDecision("fresh")
+    held = ", ".join(outputs.files)
+    if outputs.last_step is not None:
+        held += f"; metrics up to step {outputs.last_step}"
+    why = (f"--load {load} holds no complete checkpoint to resume it from" if load
+           else "this run would log its steps again beside them")
+    return RunDirDecision("refuse", (
+        f"--output-dir {output_dir} holds another run's outputs ({held}) and {why}: give this run a fresh "
+        "--output-dir, or resume that run with --load <its --save directory>"))
+
+
+def find_run_outputs(output_dir: str | Path, tensorboard_dir: str | Path | None = None) -> RunOutputs:
+    """The step rows an earlier run left in ``output_dir`` (and its TensorBoard directory): non-empty
+    ``STEP_FILES`` and event files holding more than their header record."""
+    out = Path(output_dir)
+    files: list[str] = []
+    last_step: int | None = None
+    for name in STEP_FILES:
+        path = out / name
+        if not _has_a_row(path):
+            continue
+        files.append(name)
+        if name == "metrics.jsonl":
+            last_step = _last_step(path)
+    if tensorboard_dir is not None:
+        tb = Path(tensorboard_dir)
+        try:
+            events = [p for p in tb.iterdir() if p.name.startswith(EVENT_FILE_PREFIX) and _holds_events(p)]
+        except OSError:
+            events = []
+        if events:
+            try:
+                where = str(tb.resolve().relative_to(out.resolve()))
+            except ValueError:
+                where = str(tb)
+            files.append(f"{len(events)} TensorBoard event file{'s' if len(events) > 1 else ''} in {where}")
+    return RunOutputs(tuple(files), last_step)
+
+
+def _has_a_row(path: Path) -> bool:
+    try:
+        with path.open("rb") as fh:
+            return any(line.strip() for line in iter(lambda: fh.readline(1 << 16), b""))
+    except OSError:
+        return False
+
+
+def _last_step(path: Path) -> int | None:
+    last = None
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        try:
+            step = json.loads(line).get("step")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(step, int) and not isinstance(step, bool):
+            last = step if last is None else max(last, step)
+    return last
+
+
+def _holds_events(path: Path) -> bool:
+    """Whether a TensorBoard event file holds more than the version record every writer starts it with.
+
+    The file is TFRecords: an 8-byte little-endian length, a 4-byte CRC, the data, a 4-byte CRC. A run that
+    stopped before its first step leaves only the first record; a second complete record means logged values.
+    """
+    try:
+        with path.open("rb") as fh:
+            for _ in range(2):
+                head = fh.read(12)
+                if len(head) < 12:
+                    return False
+                (n,) = struct.unpack("<Q", head[:8])
+                body = fh.read(n + 4)
+                if len(body) < n + 4:
+                    return False
+    except OSError:
+        return False
+    return True

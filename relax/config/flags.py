@@ -176,6 +176,7 @@ class TrainArgs:
     # Checkpoints
     save: str | None = None
     save_interval: int | None = None
+    keep_checkpoints: int = 0
     load: str | None = None
     # Control plane
     api_host: str = "127.0.0.1"
@@ -456,6 +457,9 @@ def _add_checkpoint_flags(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--save", metavar="DIR", help="checkpoint directory")
     group.add_argument("--save-interval", type=argtypes.positive_int, metavar="STEPS",
                        help="save every STEPS rollout steps (needs --save)")
+    group.add_argument("--keep-checkpoints", type=argtypes.non_negative_int, default=0, metavar="N",
+                       help="keep only the newest N complete checkpoints in --save (the one 'latest' names is never "
+                            "deleted); 0 keeps all (default)")
     group.add_argument("--load", metavar="DIR", help="resume from this checkpoint directory if it has one")
 
 
@@ -630,6 +634,9 @@ def validate_args(args: TrainArgs) -> None:
         )
     if args.save_interval is not None and args.save is None:
         raise ConfigError("--save-interval needs --save DIR to know where checkpoints go")
+    if args.keep_checkpoints and args.save is None:
+        raise ConfigError(f"--keep-checkpoints {args.keep_checkpoints} needs --save DIR (the directory it keeps "
+                          "checkpoints in)")
     if args.eval_interval is not None and not args.eval_prompt_data:
         raise ConfigError("--eval-interval needs --eval-prompt-data NAME PATH to know what to evaluate")
     if args.use_dynamic_batch_size and args.max_tokens_per_gpu is None:

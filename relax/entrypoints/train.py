@@ -20,7 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from relax.autoscaler.config import load_autoscaler_config
-from relax.config.checks import check_hf_checkpoint, check_load, check_port_free, check_weight_shapes
+from relax.config.checks import (
+    check_hf_checkpoint,
+    check_load,
+    check_port_free,
+    check_weight_shapes,
+    find_run_outputs,
+    run_dir_decision,
+)
 from relax.config.flags import ConfigError, TrainArgs, UnfinishedRequests, fail, parse_args_or_exit
 from relax.config.plan import Plan, build_plan, format_plan, validate_paths, validate_plan_against_cluster
 from relax.engines.sglang import engine_secret, external_engine_key
@@ -47,6 +54,10 @@ def preflight(args: TrainArgs) -> None:
     load_problem = check_load(args.load, args.save)
     if load_problem:
         problems.append(load_problem)
+    resume = _resume_choice(args) if args.load and not load_problem else None
+    if isinstance(resume, str):
+        problems.append(resume)
+        resume = None
     if not args.prompt_data:
         problems.append("--prompt-data is required (a JSONL file of prompts)")
     port_problem = check_port_free(args.api_host, args.api_port)
@@ -77,25 +88,32 @@ def preflight(args: TrainArgs) -> None:
     if len(datasets[0]) < args.rollout_batch_size:
         log.warning("--prompt-data %s has %d prompt(s), fewer than one batch (--rollout-batch-size %d): every "
                     "step repeats prompts", args.prompt_data, len(datasets[0]), args.rollout_batch_size)
-    _warn_resume_past_the_end(args)
+    _warn_resume_past_the_end(args, resume)
     from relax.cluster import scratch
 
     # Last, once the input is known good: two live runs must not write one output directory (held until exit).
     if owner := scratch.claim(Path(args.output_dir)):
         fail(ConfigError(f"--output-dir: {owner}; give this run its own --output-dir"))
+    # ... and one output directory holds one run: continued by a resume, never logged into again from step 0.
+    outputs = find_run_outputs(args.output_dir, args.resolved_tensorboard_dir)
+    decision = run_dir_decision(outputs, resume.step if resume and resume.path else None, args.output_dir, args.load)
+    if decision.problem:
+        fail(ConfigError(decision.problem))
 
 
-def _warn_resume_past_the_end(args: TrainArgs) -> None:
-    """A resume whose checkpoint already reached ``--num-rollout`` trains nothing: say so before it starts."""
-    if not args.load:
-        return
+def _resume_choice(args: TrainArgs) -> Any:
+    """What ``--load`` resumes from (``find_resume_checkpoint``), or the one-line problem when it cannot be read."""
     from relax.training.checkpoint import find_resume_checkpoint
 
     try:
-        choice = find_resume_checkpoint(args.load)
-    except (OSError, ValueError):
-        return  # the resume itself reports it
-    if choice.path is not None and choice.step >= args.num_rollout:
+        return find_resume_checkpoint(args.load)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return f"--load {args.load}: {exc}"
+
+
+def _warn_resume_past_the_end(args: TrainArgs, choice: Any) -> None:
+    """A resume whose checkpoint already reached ``--num-rollout`` trains nothing: say so before it starts."""
+    if choice is not None and choice.path is not None and choice.step >= args.num_rollout:
         log.warning("--load %s resumes at step %d and --num-rollout is %d: there is nothing left to train; raise "
                     "--num-rollout to go on", choice.path, choice.step, args.num_rollout)
 
@@ -460,40 +478,38 @@ class Driver:
         """``--load``: a checkpoint directory, or a ``--save`` directory whose newest complete checkpoint is used.
 
         The choice is ``find_resume_checkpoint``'s (the ``latest`` pointer may be stale after a crash), and the
-        log says which checkpoint and why. When this process sees no complete checkpoint there, ``--load`` goes
-        to the trainer as given, as before: rank 0, which reads it, may see a disk that the driver does not.
+        log says which checkpoint and why. A ``--load`` with no checkpoint in it (the ``--save`` directory on a
+        first start; pre-flight has refused a missing one that is not ``--save``) starts from
+        ``--hf-checkpoint``, with one warning line.
         """
         if not self.args.load:
             return 0, None
         from relax.training.checkpoint import find_resume_checkpoint, repair_latest
 
         choice = find_resume_checkpoint(self.args.load)
-        first_start = self.args.save and Path(self.args.load).resolve() == Path(self.args.save).resolve()
-        if choice.path is None and first_start:
-            log.info("--load %s is the --save directory and holds no checkpoint yet: starting from %s",
-                     self.args.load, self.args.hf_checkpoint)
+        if choice.path is None:  # slime's idiom: --load DIR --save DIR from the first start on
+            log.warning("--load %s holds no checkpoint (%s): starting from --hf-checkpoint %s", self.args.load,
+                        choice.reason, self.args.hf_checkpoint)
             return 0, None
-        if choice.path is None:
-            log.warning("--load %s: %s; the trainer loads it as given", self.args.load, choice.reason)
-            path = Path(self.args.load)
-        else:
-            log.info("resuming from %s", choice.reason)
-            path = choice.path
-            if repair_latest(self.args.load, choice.path):  # ``latest`` names the newest complete checkpoint
-                log.info("--load %s: %s now names %s", self.args.load, "latest", choice.path.name)
+        log.info("resuming from %s", choice.reason)
+        path = choice.path
+        if repair_latest(self.args.load, choice.path):  # ``latest`` names the newest complete checkpoint
+            log.info("--load %s: %s now names %s", self.args.load, "latest", choice.path.name)
         extra = self.trainer.load(str(path))
         step = int(extra["step"])
         log.info("resumed from %s at step %d (data position %s)", path, step, extra.get("cursor"))
         return step, extra.get("cursor")
 
     def _save(self, step: int, cursor: dict[str, int] | None) -> None:
-        """Write the checkpoint, then (only once it is complete on disk) point ``latest`` at it, atomically."""
-        from relax.training.checkpoint import checkpoint_name, write_latest
+        """Write the checkpoint, then (only once it is complete on disk) point ``latest`` at it, atomically; then
+        ``--keep-checkpoints`` deletes the complete checkpoints beyond the newest N (never the one just saved)."""
+        from relax.training.checkpoint import checkpoint_name, rotate_checkpoints, write_latest
 
         path = Path(self.args.save) / checkpoint_name(step)
         self.trainer.save(str(path), {"step": step, "cursor": cursor})  # returns once rank 0's rename is done
         write_latest(self.args.save, path)
         log.info("checkpoint saved: %s", path)
+        rotate_checkpoints(self.args.save, self.args.keep_checkpoints)  # a failure logs a line, never raises
 
     def _finish(self, summary: dict[str, Any], metrics: Any, plot_fn: Any) -> None:
 

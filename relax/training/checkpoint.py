@@ -35,8 +35,11 @@ The functions here do only file I/O; the collectives that gather and scatter the
 from __future__ import annotations
 
 import json
+import logging
 import re
+import shutil
 import time
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +47,7 @@ from typing import Any
 
 import torch
 
+from relax.training.checkpoint_rotation import CHECKPOINT_NAME, checkpoints_to_delete
 from relax.training.durable import atomic_write_text
 from relax.training.weights import WEIGHTS_FILE, atomic_dir, copy_model_files, write_safetensors
 
@@ -62,6 +66,7 @@ __all__ = [
     "repair_latest",
     "read_optimizer_state",
     "read_trainer_state",
+    "rotate_checkpoints",
     "write_checkpoint",
     "write_latest",
 ]
@@ -71,6 +76,7 @@ OPTIMIZER_FILE = "optimizer.pt"
 STATE_FILE = "trainer_state.json"
 LATEST_FILE = "latest"
 _CHECKPOINT_NAME = re.compile(r"^step_(\d+)$")
+log = logging.getLogger(__name__)
 #: Files of an HF checkpoint that are not weights and that a checkpoint carries along.
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".index.json", ".gguf", ".msgpack", ".h5")
 
@@ -250,3 +256,46 @@ def find_resume_checkpoint(load: str | Path) -> ResumeChoice:
     else:
         why = f"the newest complete checkpoint; {LATEST_FILE} names {pointer}, which is not a complete checkpoint"
     return ResumeChoice(given / name, step, f"{name} in {given}: {why}{ignored}")
+
+
+# --------------------------------------------------------------------------------------------------
+# --keep-checkpoints
+
+
+def rotate_checkpoints(save_dir: str | Path, keep: int) -> list[Path]:
+    """Delete the complete checkpoints of ``save_dir`` that ``--keep-checkpoints keep`` no longer keeps.
+
+    Call it after a save, once ``latest`` names the new checkpoint. Which ones is ``checkpoints_to_delete``'s
+    decision over the *complete* ``step_NNNNNN`` directories here (an unfinished write is never complete, and
+    nothing else is a candidate) and ``latest``. Each goes in two moves: renamed to an ``.old-`` sibling (one
+    atomic step, after which it no longer counts as a checkpoint), then removed. A failure logs one line and
+    the run goes on (the worst case is a checkpoint or an ``.old-*`` directory left behind). Returns the
+    checkpoints deleted. A ``save_dir`` this process cannot see (rank 0 wrote it on another node's disk)
+    deletes nothing.
+    """
+    root = Path(save_dir)
+    if keep <= 0:
+        return []
+    try:
+        complete = [c.name for c in root.iterdir() if CHECKPOINT_NAME.match(c.name) and is_complete(c)]
+    except OSError as exc:
+        log.warning("--keep-checkpoints: cannot list %s (%s); no checkpoint deleted", root, exc)
+        return []
+    deleted: list[Path] = []
+    for name in checkpoints_to_delete(complete, read_latest(root), keep):
+        path = root / name
+        trash = root / f".old-{name}-{uuid.uuid4().hex[:8]}"
+        try:
+            path.rename(trash)
+        except OSError as exc:
+            log.warning("--keep-checkpoints: could not delete %s (%s); it stays", path, exc)
+            continue
+        try:
+            shutil.rmtree(trash)
+        except OSError as exc:
+            log.warning("--keep-checkpoints: %s is no longer a checkpoint but could not be removed (%s); delete %s "
+                        "by hand", path, exc, trash)
+        deleted.append(path)
+    if deleted:
+        log.info("--keep-checkpoints %d: deleted %s", keep, ", ".join(p.name for p in deleted))
+    return deleted
