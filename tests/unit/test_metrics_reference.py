@@ -220,3 +220,96 @@ def test_promtool_accepts_relax_series():
         done = subprocess.run(["promtool", "check", "metrics"], input=exposition, capture_output=True, text=True,
                               timeout=30)
         assert done.returncode == 0, done.stdout + done.stderr
+
+
+# -- examples/monitoring: the dashboard queries only series that exist ------------------------------------------
+
+MONITORING = ROOT / "examples" / "monitoring"
+SGLANG_FIXTURES = sorted((ROOT / "tests" / "fixtures" / "sglang").glob("*.txt"))
+PROMETHEUS_SERIES = {"up"}
+"""Series Prometheus itself writes for every target."""
+_PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless",
+                 "offset", "inf", "nan"}
+_HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
+
+
+def promql_series(expr: str) -> set[str]:
+    """Metric names a PromQL expression reads (functions, keywords, labels, strings and durations removed)."""
+    expr = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
+    expr = re.sub(r"\{[^}]*\}", "", expr)
+    expr = re.sub(r"\[[^\]]*\]", "", expr)
+    expr = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", expr)
+    names = set()
+    for match in re.finditer(r"[a-zA-Z_:][a-zA-Z0-9_:]*", expr):
+        rest = expr[match.end():].lstrip()
+        if rest.startswith("(") or match.group().lower() in _PROMQL_WORDS:
+            continue
+        names.add(match.group())
+    return names
+
+
+def dashboard_exprs() -> list[str]:
+    import json
+
+    dashboard = json.loads((MONITORING / "grafana-dashboard.json").read_text(encoding="utf-8"))
+    panels = list(dashboard["panels"])
+    panels += [p for row in dashboard["panels"] for p in row.get("panels", [])]
+    return [t["expr"] for p in panels for t in p.get("targets", [])]
+
+
+def exported_series() -> dict[str, str]:
+    """Every series the control plane or an engine exports: Relax's, the built-in engine's, real SGLang's."""
+    out = {**control_plane_series(), **engine_series()}
+    for fixture in SGLANG_FIXTURES:
+        out.update(_families(fixture.read_text(encoding="utf-8")))
+    return out
+
+
+def test_promql_series_parsing():
+    assert promql_series('histogram_quantile(0.95, sum by (le) (rate(sglang:ttft_seconds_bucket{a="b(c)"}[1m])))') \
+        == {"sglang:ttft_seconds_bucket"}
+    assert promql_series("relax_a - relax_b > 0") == {"relax_a", "relax_b"}
+    assert promql_series('count(up{job="x"} == 1)') == {"up"}
+
+
+def test_every_series_the_dashboard_queries_is_exported():
+    exprs = dashboard_exprs()
+    assert len(exprs) >= 20
+    exported = exported_series()
+    missing = set()
+    for expr in exprs:
+        for name in promql_series(expr):
+            base = next((name.removesuffix(s) for s in _HISTOGRAM_SUFFIXES
+                         if name.endswith(s) and exported.get(name.removesuffix(s)) == "histogram"), name)
+            if base not in exported and name not in PROMETHEUS_SERIES:
+                missing.add(name)
+    assert not missing, f"the dashboard queries series nobody exports: {sorted(missing)}"
+
+
+def test_the_dashboard_reads_only_what_both_engine_kinds_export_or_relax():
+    """A panel over the engines works whether they run the built-in engine or SGLang."""
+    builtin = set(engine_series())
+    sglang = {name for name in exported_series() if name.startswith("sglang:")} - builtin
+    used = {n.removesuffix(s) for e in dashboard_exprs() for n in promql_series(e) for s in ("_bucket", "")
+            if n.endswith(s)}
+    assert not used & sglang, f"series only a real SGLang server exports: {sorted(used & sglang)}"
+
+
+def test_prometheus_config_scrapes_the_control_plane_and_discovers_the_engines(tmp_path):
+    import yaml
+
+    config = yaml.safe_load((MONITORING / "prometheus.yml").read_text(encoding="utf-8"))
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    assert jobs["relax"]["metrics_path"] == "/metrics"
+    sd = jobs["relax-engines"]["http_sd_configs"][0]
+    assert sd["url"].endswith("/rollout/prometheus_sd")
+    assert sd["authorization"]["credentials_file"].endswith("/api-token")
+    if shutil.which("promtool") is not None:
+        token = tmp_path / "api-token"
+        token.write_text("t\n")
+        text = (MONITORING / "prometheus.yml").read_text(encoding="utf-8").replace("/path/to/output-dir/api-token",
+                                                                                   str(token))
+        (tmp_path / "prometheus.yml").write_text(text)
+        done = subprocess.run(["promtool", "check", "config", str(tmp_path / "prometheus.yml")], capture_output=True,
+                              text=True, timeout=30)
+        assert done.returncode == 0, done.stdout + done.stderr
