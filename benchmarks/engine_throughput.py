@@ -10,7 +10,9 @@ machine, so the ratios are meaningful even where absolute numbers are noisy:
   free from transformers, so the engine must at least match it;
 - ``memory_bandwidth``: bytes of weights read per decode step (every parameter once; a tied embedding is
   read whole by the LM head) × decode steps per second, beside a plain ``torch`` copy of the same bytes:
-  how close a decode step is to the floor that memory bandwidth sets.
+  how close a decode step is to the floor that memory bandwidth sets. ``engine16_gb_per_s`` counts the whole
+  burst (prefills, joins, HTTP); ``engine_decode_step_gb_per_s`` times the engine's 16-row decode step alone,
+  in this process (its ``ModelRunner``, no HTTP, no sampling).
 
 Then the 16-way burst once more while ``/health`` and ``/metrics`` are polled every 20 ms: how quickly the
 server answers them under load (the autoscaler and the health checks depend on it).
@@ -109,6 +111,28 @@ def _hf_generate(model_dir: str, prompt: str, batch: int, max_new_tokens: int, t
             "copy_gb_per_s": round(copy_gbps, 2)}
 
 
+def _decode_step(model_dir: str, prompt: str, impl: str, rows: int, threads: int, steps: int = 32) -> dict:
+    """Seconds of one ``rows``-row decode step of the engine's own model runner, halfway through 64 new tokens."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from relax.engines.builtin.model_impl import ModelImpl
+    from relax.engines.builtin.model_runner import ModelRunner, load_model
+
+    torch.set_num_threads(threads)
+    device = torch.device("cpu")
+    ids = AutoTokenizer.from_pretrained(model_dir)(prompt)["input_ids"]
+    runner = ModelRunner(load_model(model_dir, device, ModelImpl(impl)), device, pad_token_id=0)
+    # distinct rows: the runner encodes identical prompts once, and the step must not depend on that
+    runner.prefill([[*ids, row] for row in range(rows)])
+    for _ in range(16):
+        runner.decode([1] * rows)
+    began = time.perf_counter()
+    for _ in range(steps):
+        runner.decode([1] * rows)
+    return {"rows": rows, "ms": round(1000 * (time.perf_counter() - began) / steps, 2)}
+
+
 def _copy_bandwidth(nbytes: int) -> float:
     """GB/s of a plain tensor copy of ``nbytes`` (read + write counted as the bytes read): the machine's ceiling."""
     import torch
@@ -160,6 +184,7 @@ def main() -> None:
         finally:
             server.stop(grace_s=10)
         hf = _hf_generate(model_dir, prompt, 16, args.max_new_tokens, args.threads)
+        step = _decode_step(model_dir, prompt, args.model_impl, 16, args.threads)
     engine16 = results["16"]["tokens_per_second"]
     steps_per_s = engine16 / 16  # the burst keeps 16 rows running: one decode step yields 16 tokens
     report = {
@@ -173,6 +198,8 @@ def main() -> None:
             "weight_bytes_per_decode_step": hf["weight_bytes"],
             "engine16_gb_per_s": round(hf["weight_bytes"] * steps_per_s / 1e9, 2),
             "hf_generate16_gb_per_s": round(hf["weight_bytes"] * hf["tokens_per_second"] / 16 / 1e9, 2),
+            "engine_decode_step_ms": step["ms"],
+            "engine_decode_step_gb_per_s": round(hf["weight_bytes"] / (step["ms"] / 1000) / 1e9, 2),
             "copy_gb_per_s": hf["copy_gb_per_s"],
         },
         "control_latency_during_burst": results["control_latency_during_burst"],
