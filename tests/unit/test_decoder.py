@@ -102,10 +102,11 @@ def test_a_cache_that_outgrows_its_preallocated_columns_keeps_transformers_logit
         assert torch.allclose(a, b, atol=2e-5, rtol=1e-5), (step, (a - b).abs().max().item())
 
 
-def test_identical_sequences_are_encoded_once_with_the_logits_of_encoding_each(tmp_path: Path) -> None:
-    """A prefill or join encodes each distinct sequence once and repeats its cache rows: the logits of every
-    step after it are those of encoding every row, duplicates included."""
-    model = load_model(llama_checkpoint(tmp_path / "llama"), CPU)
+@pytest.mark.parametrize("impl", [ModelImpl.NATIVE, ModelImpl.TRANSFORMERS])
+def test_identical_sequences_are_encoded_once_with_the_logits_of_encoding_each(tmp_path: Path, impl) -> None:
+    """A prefill or join encodes each distinct sequence once and repeats its cache rows (the native cache's or
+    transformers'): the logits of every step after it are those of encoding every row, duplicates included."""
+    model = load_model(llama_checkpoint(tmp_path / "llama"), CPU, impl)
 
     def steps(runner: ModelRunner) -> list[torch.Tensor]:
         out = [runner.prefill([[5, 6, 7], [8], [5, 6, 7], [5, 6, 7]])]
