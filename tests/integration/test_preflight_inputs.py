@@ -105,3 +105,80 @@ def test_a_resume_past_num_rollout_is_warned_about(tiny_preset, tmp_path, caplog
     with caplog.at_level(logging.WARNING, logger="relax.train"):
         preflight(_args(tiny_preset, tmp_path, "--load", str(done)))
     assert "resumes at step 5 and --num-rollout is 2: there is nothing left to train" in caplog.text
+
+
+# ---------------------------------------------------------------------------------------------- --load and --output-dir
+
+
+def _fake_checkpoint(save: Path, step: int) -> Path:
+    from relax.training.checkpoint import OPTIMIZER_FILE, STATE_FILE, checkpoint_name, write_latest
+
+    path = save / checkpoint_name(step)
+    path.mkdir(parents=True)
+    (path / "model.safetensors").write_bytes(b"w")
+    (path / OPTIMIZER_FILE).write_bytes(b"o")
+    (path / STATE_FILE).write_text(json.dumps({"format_version": 1, "step": step, "world_size": 1}))
+    write_latest(save, path)
+    return path
+
+
+def test_load_of_a_directory_without_checkpoints_starts_from_hf_checkpoint_with_one_warning(
+        tiny_preset, tmp_path, caplog) -> None:
+    from relax.entrypoints.train import Driver
+
+    empty = tmp_path / "empty"
+    (empty / ".tmp-step_000010-abcd1234").mkdir(parents=True)  # an interrupted first save
+    args = _args(tiny_preset, tmp_path, "--load", str(empty))
+    preflight(args)
+    with caplog.at_level(logging.INFO):
+        assert Driver(args, plan=None)._maybe_resume() == (0, None)  # type: ignore[arg-type]
+    (record,) = [r for r in caplog.records if r.name == "relax.train"]
+    assert record.levelno == logging.WARNING and "\n" not in record.getMessage()
+    assert f"--load {empty} holds no checkpoint" in record.getMessage()
+    assert f"starting from --hf-checkpoint {tiny_preset.model_dir}" in record.getMessage()
+
+
+def test_load_of_an_unfinished_checkpoint_directory(tiny_preset, tmp_path, capsys) -> None:
+    unfinished = tmp_path / "ckpt" / "step_000010"
+    unfinished.mkdir(parents=True)
+    err = _one_line_failure(_args(tiny_preset, tmp_path, "--load", str(unfinished)), capsys)
+    assert "is not a complete checkpoint" in err
+
+
+def _write_events(tb: Path, steps: int) -> None:
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(tb))
+    for step in range(1, steps + 1):
+        writer.add_scalar("rollout/reward_mean", 0.5, step)
+    writer.close()
+
+
+def test_a_fresh_start_into_another_runs_output_dir_is_refused(tiny_preset, tmp_path, capsys) -> None:
+    out = tmp_path / "out"
+    _write_events(out / "tensorboard", 3)
+    err = _one_line_failure(_args(tiny_preset, tmp_path), capsys)
+    assert f"--output-dir {out} holds another run's outputs (1 TensorBoard event file in tensorboard)" in err
+    assert "fresh --output-dir" in err and "--load" in err
+    # with --load == --save and no checkpoint there yet (slime's idiom), the rows are still not that run's
+    (out / "metrics.jsonl").write_text(json.dumps({"step": 1, "kind": "train"}) + "\n")
+    ckpt = str(tmp_path / "ckpt")
+    err = _one_line_failure(_args(tiny_preset, tmp_path, "--load", ckpt, "--save", ckpt), capsys)
+    assert "metrics up to step 1" in err and f"--load {ckpt} holds no complete checkpoint" in err
+
+
+def test_a_start_into_a_run_that_stopped_before_its_first_step_is_fine(tiny_preset, tmp_path) -> None:
+    out = tmp_path / "out"
+    _write_events(out / "tensorboard", 0)  # the header every writer starts its file with, nothing logged
+    assert len(list((out / "tensorboard").glob("events.out.tfevents.*"))) == 1
+    (out / "metrics.jsonl").write_text("")
+    (out / "sample_versions.jsonl").write_text("")
+    preflight(_args(tiny_preset, tmp_path))
+
+
+def test_a_resume_continues_the_run_directory(tiny_preset, tmp_path) -> None:
+    out, save = tmp_path / "out", tmp_path / "ckpt"
+    _write_events(out / "tensorboard", 12)
+    (out / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "kind": "train"}) + "\n" for s in (1, 2)))
+    _fake_checkpoint(save, 1)
+    preflight(_args(tiny_preset, tmp_path, "--load", str(save), "--save", str(save)))

@@ -10,7 +10,14 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from relax.config.checks import check_hf_checkpoint, check_port_free, safetensors_problem
+from relax.config.checks import (
+    RunOutputs,
+    check_hf_checkpoint,
+    check_port_free,
+    find_run_outputs,
+    run_dir_decision,
+    safetensors_problem,
+)
 
 
 def model_dir(tmp_path: Path) -> Path:
@@ -76,3 +83,54 @@ def test_a_port_in_use_is_named_and_a_free_one_passes() -> None:
         assert message is not None and f"--api-port {port}: 127.0.0.1:{port} is already in use" in message
     assert check_port_free("127.0.0.1", port) is None
     assert check_port_free("127.0.0.1", 0) is None
+
+
+# ---------------------------------------------------------------------------------------------- one run per directory
+
+
+def test_an_empty_output_directory_starts_fresh_and_a_resume_resumes() -> None:
+    assert run_dir_decision(RunOutputs(), None, "out").action == "fresh"
+    assert run_dir_decision(RunOutputs(), 20, "out", "ckpt").action == "resume"
+
+
+def test_another_runs_outputs_are_continued_by_a_resume_only() -> None:
+    held = RunOutputs(("metrics.jsonl", "sample_versions.jsonl"), 12)
+    assert run_dir_decision(held, 10, "out", "ckpt").action == "resume"  # rows after step 10 are dropped
+    decision = run_dir_decision(held, None, "out")
+    assert decision.action == "refuse"
+    assert decision.problem == (
+        "--output-dir out holds another run's outputs (metrics.jsonl, sample_versions.jsonl; metrics up to step 12) "
+        "and this run would log its steps again beside them: give this run a fresh --output-dir, or resume that "
+        "run with --load <its --save directory>")
+
+
+def test_a_load_without_a_checkpoint_into_another_runs_outputs_is_refused() -> None:
+    decision = run_dir_decision(RunOutputs(("1 TensorBoard event file in tensorboard",)), None, "out", "ckpt")
+    assert decision.action == "refuse"
+    assert "--load ckpt holds no complete checkpoint to resume it from" in decision.problem
+    assert "1 TensorBoard event file in tensorboard" in decision.problem and "\n" not in decision.problem
+
+
+def _record(data: bytes) -> bytes:  # TFRecord framing (the CRCs are not read)
+    return struct.pack("<Q", len(data)) + b"\0" * 4 + data + b"\0" * 4
+
+
+def test_find_run_outputs_counts_only_files_with_step_rows(tmp_path: Path) -> None:
+    out, tb = tmp_path / "out", tmp_path / "out" / "tensorboard"
+    tb.mkdir(parents=True)
+    assert find_run_outputs(out, tb) == RunOutputs()
+    # what a run that stopped before its first step leaves: empty logs, an event file with its header only
+    (out / "metrics.jsonl").write_text("")
+    (out / "sample_versions.jsonl").write_text("\n")
+    (tb / "events.out.tfevents.1.host.1.0").write_bytes(_record(b"version"))
+    (out / "summary.json").write_text("{}")
+    assert find_run_outputs(out, tb) == RunOutputs()
+    (out / "metrics.jsonl").write_text(json.dumps({"step": 0, "kind": "eval"}) + "\n"
+                                       + json.dumps({"step": 3, "kind": "train"}) + "\n" + '{"step": 4, "ki')
+    (tb / "events.out.tfevents.2.host.2.0").write_bytes(_record(b"version") + _record(b"scalar"))
+    (tb / "events.out.tfevents.3.host.3.0").write_bytes(_record(b"version") + _record(b"scal")[:-6])  # torn
+    assert find_run_outputs(out, tb) == RunOutputs(("metrics.jsonl", "1 TensorBoard event file in tensorboard"), 3)
+    elsewhere = tmp_path / "tb"
+    elsewhere.mkdir()
+    (elsewhere / "events.out.tfevents.4.host.4.0").write_bytes(_record(b"v") + _record(b"s") + _record(b"s"))
+    assert find_run_outputs(out, elsewhere).files[-1] == f"1 TensorBoard event file in {elsewhere}"
