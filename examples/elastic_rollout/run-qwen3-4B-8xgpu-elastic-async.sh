@@ -27,10 +27,18 @@ MODEL_ARGS=(
   --normalization RMSNorm --norm-epsilon 1e-6 --rotary-base 1000000 --vocab-size 151936 --kv-channels 128
   --qk-layernorm
 )
+# --load = --save (slime's idiom): the first launch starts from --hf-checkpoint, a relaunch after a crash or
+# preemption resumes from the newest complete checkpoint into the same --output-dir (without --load, a start
+# into an --output-dir that already holds this run's metrics is refused).
+# --keep-checkpoints 3: each checkpoint is the full fp32 model and Adam state (~48 GB for 4B parameters) and
+# --save-interval 20 over 3000 steps would write 150 of them (~7 TB); three keep two to fall back on should
+# the newest be unusable (a policy that went bad, a disk that filled mid-run) at ~150 GB.
 CKPT_ARGS=(
   --hf-checkpoint "$MODEL_DIR/Qwen3-4B/"
+  --load "$EXP_DIR/Qwen3-4B-elastic/checkpoints/"
   --save "$EXP_DIR/Qwen3-4B-elastic/checkpoints/"
   --save-interval 20
+  --keep-checkpoints 3
   --output-dir "$EXP_DIR/Qwen3-4B-elastic/"
 )
 ROLLOUT_ARGS=(
