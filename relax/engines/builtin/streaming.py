@@ -8,7 +8,8 @@ received (``relax.rollout.dispatch``). SGLang's contract (``SGLANG-CONTRACT.md``
   ``meta_info`` (``output_token_logprobs`` with ``return_logprob``, ``weight_version(s)``, ``completion_tokens``,
   ``finish_reason`` null until the last chunk) cover the whole output so far, so any one complete chunk is a
   self-consistent prefix;
-* ``--stream-interval N`` tokens between chunks (SGLang's default 1); the last chunk always comes;
+* ``--stream-interval N`` tokens between chunks (SGLang's default 1): a chunk covers a multiple of N tokens, the
+  newest one when several fell due before it was sent; the last chunk always comes;
 * batched input or ``n > 1``: each chunk names its request with ``index``;
 * a client that disconnects has its requests aborted (as a non-streaming one does).
 
@@ -118,8 +119,10 @@ class StreamFeed:
                     done.add(id(req))
                     payload = final(req)
                 else:
-                    n = len(req.output_logprobs)  # ids are appended first: ids[:n] pairs with logprobs[:n]
-                    if n - self._sent.get(id(req), 0) < self._interval:
+                    # at a multiple of the interval, as SGLang's scheduler emits them (the engine may be further
+                    # on by now); ids are appended before log-probs, so ids[:n] pairs with logprobs[:n]
+                    n = len(req.output_logprobs) // self._interval * self._interval
+                    if n <= self._sent.get(id(req), 0):
                         continue
                     payload = self._partial(req, n, return_logprob, decode, current_version())
                     self._sent[id(req)] = n
