@@ -12,8 +12,8 @@ The emitted names are collected from the code that emits them, not from a list k
 * the SGLang series the autoscaler reads: ``relax.autoscaler.metrics.GAUGES`` and ``HISTOGRAMS``.
 
 Naming rules for Relax's own series (the control plane's and ``relax_engine_served_weight_version``), checked
-here as plain rules (``promtool check metrics`` accepts them too, checked by hand; it is not installed in CI): names match
-``[a-zA-Z_][a-zA-Z0-9_]*`` with no colon (colons are for recording rules), are lower snake_case under the
+here as plain rules (``promtool check metrics`` accepts them too, checked by hand; CI has no promtool): names
+match ``[a-zA-Z_][a-zA-Z0-9_]*`` with no colon (colons are for recording rules), are lower snake_case under the
 ``relax_`` prefix, counters end in ``_total`` and nothing else does, and units are spelled out as base-unit
 suffixes (``_seconds``, ``_per_second``; never ``_s``, ``_ms``, ``_secs``).
 """
