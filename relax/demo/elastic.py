@@ -24,6 +24,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
+from relax.demo.local import set_aside
 from relax.engines.launcher import ENGINE_API_KEY_ENV
 from relax.presets.tiny import TinyPreset
 
@@ -176,6 +177,7 @@ def _run_elastic_demo(workdir: Path, *, num_rollout: int, console: Console) -> i
         api_port = free_port()
         api = RunApi(f"http://127.0.0.1:{api_port}")
         exp = workdir / "exp"
+        set_aside(exp / "tiny-elastic", console)
         env = job_env(info.env(), preset, exp, api_port, NUM_ROLLOUT=str(num_rollout))
         console.print(f"[bold]3. submit[/] through {RAY_JOB} → ray job submit ({TINY_RUN_SCRIPT})")
         job_id = submit_tiny_job(env)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
@@ -94,11 +95,24 @@ def train_argv(
     ]
 
 
+def set_aside(path: Path, console: Console) -> None:
+    """A demo starts a new run each time: a previous run's directory is renamed (kept), not reused.
+
+    One output directory belongs to one run (the driver refuses another run's outputs), and a demo is not a resume.
+    """
+    if path.exists() and any(path.iterdir()):
+        kept = path.with_name(f"{path.name}.{time.strftime('%Y%m%d-%H%M%S')}")
+        path.rename(kept)
+        console.print(f"   the previous run's {path.name}/ is kept as {kept}", style="dim")
+
+
 def run_training_demo(workdir: Path, *, num_rollout: int, console: Console | None = None) -> int:
     console = console or Console()
     workdir.mkdir(parents=True, exist_ok=True)
     preset = ensure_preset(workdir, console=console)
     out = workdir / "run"
+    set_aside(out, console)
+    set_aside(workdir / "checkpoints", console)
     argv = train_argv(
         preset,
         out,
