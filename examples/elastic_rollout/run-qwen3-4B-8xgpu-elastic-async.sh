@@ -68,7 +68,7 @@ GRPO_ARGS=(
 OPTIMIZER_ARGS=(
   --optimizer adam --lr 1e-6 --lr-decay-style constant --weight-decay 0.1 --adam-beta1 0.9 --adam-beta2 0.98
 )
-SGLANG_ARGS=(--sglang-mem-fraction-static 0.7)
+SGLANG_ARGS=(--rollout-backend sglang --sglang-mem-fraction-static 0.7)
 MISC_ARGS=(
   --attention-dropout 0.0 --hidden-dropout 0.0 --accumulate-allreduce-grads-in-fp32
   --attention-softmax-in-fp32 --attention-backend flash

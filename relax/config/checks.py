@@ -8,15 +8,18 @@ the file or port and what to do.
 from __future__ import annotations
 
 import errno
+import ipaddress
 import json
+import os
 import socket
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["RunDirDecision", "RunOutputs", "check_hf_checkpoint", "check_load", "check_model_type",
-           "check_port_free", "check_weight_shapes", "find_run_outputs", "run_dir_decision", "safetensors_problem"]
+__all__ = ["RunDirDecision", "RunOutputs", "check_api_host", "check_hf_checkpoint", "check_load", "check_model_type",
+           "check_port_free", "check_sglang_python", "check_weight_shapes", "find_run_outputs", "is_loopback_host",
+           "run_dir_decision", "safetensors_problem"]
 
 
 def safetensors_problem(path: Path) -> str | None:
@@ -107,6 +110,56 @@ def check_port_free(host: str, port: int, flag: str = "--api-port") -> str | Non
                         f"pick a free port with {flag} or stop that process")
             return f"{flag} {port}: cannot bind {host}:{port}: {exc.strerror or exc}"
     return None
+
+
+def check_sglang_python(path: str | None, flag: str = "--sglang-python") -> str | None:
+    """None when ``path`` (the SGLang interpreter, if one is given) is an executable file, else why not.
+
+    Checked on the driver's node: the engine nodes are expected to share its image (or its file system);
+    whether SGLang is installed for it is asked on an engine's node when the engines start.
+    """
+    if not path:
+        return None
+    target = Path(path)
+    if not target.exists():
+        return (f"{flag} {path}: no such file; give the Python of SGLang's environment (e.g. /opt/sglang/bin/python)"
+                ", or leave it out to run SGLang with Relax's own interpreter")
+    if target.is_dir() or not os.access(target, os.X_OK):
+        return f"{flag} {path}: not an executable file; give the Python of SGLang's environment (e.g. .../bin/python)"
+    return None
+
+
+_LOOPBACK_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost"}
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether a listener on ``host`` is reachable from this machine only (127.0.0.0/8, ::1, localhost)."""
+    name = host.strip().strip("[]").lower()
+    if name in _LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:  # a host name: loopback only when every address it resolves to is
+        try:
+            infos = socket.getaddrinfo(name, None)
+        except OSError:
+            return False
+        addresses = {info[4][0] for info in infos}
+        return bool(addresses) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses)
+
+
+def check_api_host(host: str, environ: Mapping[str, str] = os.environ,
+                   token_env: str = "RELAX_API_TOKEN") -> str | None:
+    """A control plane on a non-loopback host needs an operator's token (``RELAX_API_TOKEN``), else why not.
+
+    Every run has a token (a random one when none is set), but a random one is written on the driver's node
+    only: from another machine nobody could use the API it opens to the network.
+    """
+    if is_loopback_host(host) or (environ.get(token_env) or "").strip():
+        return None
+    return (f"--api-host {host} opens the control plane beyond this machine, which needs a token you know: set "
+            f"{token_env} (e.g. export {token_env}=$(openssl rand -hex 32)), or keep --api-host 127.0.0.1 and "
+            "reach it with ssh -L (docs/elastic.md, \"Reaching the control plane\")")
 
 
 def check_model_type(config: Path, parsed: dict) -> str | None:

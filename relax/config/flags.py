@@ -11,9 +11,10 @@ from __future__ import annotations
 import argparse
 import difflib
 import logging
+import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from enum import Enum
 from typing import IO, NoReturn
@@ -25,6 +26,8 @@ from relax.config.pause_mode import PauseMode
 
 PROG = "python -m relax.entrypoints.train"
 SGLANG_PASSTHROUGH_PREFIX = "--sglang-"
+#: The SGLang interpreter when --sglang-python is not given (the flag wins).
+SGLANG_PYTHON_ENV = "RELAX_SGLANG_PYTHON"
 
 logger = logging.getLogger(__name__)
 
@@ -137,6 +140,7 @@ class TrainArgs:
     max_staleness: int = 1
     sglang_mem_fraction_static: float | None = None
     rollout_backend: str = "auto"
+    sglang_python: str | None = None  # --sglang-python; RELAX_SGLANG_PYTHON when unset (sglang_interpreter)
     engine_host: str = "auto"
     sglang_passthrough: tuple[tuple[str, tuple[str, ...]], ...] = ()
     weight_sync_pause_mode: PauseMode = PauseMode.RETRACT
@@ -188,6 +192,12 @@ class TrainArgs:
     # Bookkeeping
     ignored_flags: tuple[str, ...] = ()
     argv: tuple[str, ...] = ()
+
+    def sglang_interpreter(self, environ: Mapping[str, str] | None = None) -> str | None:
+        """The Python that runs ``python -m sglang.launch_server``: ``--sglang-python``, else
+        ``RELAX_SGLANG_PYTHON``, else ``None`` (the engine actor's own interpreter)."""
+        environ = os.environ if environ is None else environ
+        return self.sglang_python or (environ.get(SGLANG_PYTHON_ENV) or "").strip() or None
 
     @property
     def sglang_extra_args(self) -> tuple[str, ...]:
@@ -389,7 +399,11 @@ def _add_rollout_flags(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--sglang-mem-fraction-static", type=argtypes.fraction, metavar="F",
                        help="fraction of GPU memory for weights and KV cache")
     group.add_argument("--rollout-backend", choices=["auto", "sglang", "builtin"], default="auto",
-                       help="engine server: SGLang, Relax's built-in engine, or auto (SGLang when installed)")
+                       help="engine server: SGLang, Relax's built-in engine, or auto (SGLang for engines on CUDA "
+                            "GPUs, the built-in engine for CPU-only engines)")
+    group.add_argument("--sglang-python", metavar="PATH",
+                       help="the Python that runs SGLang's server on the engine nodes (SGLang in its own "
+                            f"environment); default ${SGLANG_PYTHON_ENV}, else the engine's own interpreter")
     group.add_argument("--engine-host", default="auto", metavar="HOST",
                        help="address engines bind: auto (loopback on one machine, the node IP across nodes), "
                             "node, or an explicit IP")

@@ -64,7 +64,7 @@ def _constant(value: object) -> Callable[[object], object]:
 _FSDP = "Relax shards the model with FSDP2 over the trainer GPUs"
 _ARCH = "the architecture comes from --hf-checkpoint's config.json"
 _KERNEL = "Megatron kernel/precision switch; the FSDP2 trainer has its own defaults"
-_LOG = "Relax logs to TensorBoard, a JSONL file and the control plane's /metrics"
+_LOG = "Relax logs to TensorBoard, a JSONL file, the control plane's /metrics and W&B (--use-wandb)"
 _RUNTIME = "slime/Relax runtime knob with no counterpart in this implementation"
 
 
@@ -165,13 +165,6 @@ IGNORED_FLAGS: tuple[CompatFlag, ...] = (
     _ignored("--no-load-optim", _S, _RUNTIME),
     _ignored("--no-load-rng", _S, _RUNTIME),
     # Logging back ends.
-    _ignored("--use-wandb", _S, _LOG),
-    _ignored("--wandb-project", _V, _LOG),
-    _ignored("--wandb-group", _V, _LOG),
-    _ignored("--wandb-key", _V, _LOG),
-    _ignored("--wandb-host", _V, _LOG),
-    _ignored("--wandb-team", _V, _LOG),
-    _ignored("--wandb-run-id", _V, _LOG),
     _ignored("--use-clearml", _S, _LOG),
     _ignored("--use-metrics-service", _S, _LOG),
     _ignored("--use-tensorboard", _S, "TensorBoard is always on (see --tensorboard-dir)"),

@@ -13,11 +13,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
 
+from relax.config.checks import is_loopback_host
 from relax.config.flags import ConfigError, TrainArgs
 
 NODE_GROUP_ENV = "RELAX_INITIAL_NODE_GROUP"
@@ -125,6 +127,10 @@ class Plan:
     max_staleness: int
     num_rollout: int
     notes: tuple[str, ...] = ()
+    rollout_backend: str = "auto"  # --rollout-backend as given; `auto` is decided on an engine's node at start
+    sglang_python: str | None = None  # --sglang-python / RELAX_SGLANG_PYTHON; None = the engine's own interpreter
+    api_host: str = "127.0.0.1"
+    api_port: int = 8000
 
     @property
     def baseline_gpus(self) -> int:
@@ -439,6 +445,10 @@ def build_plan(
         max_staleness=args.max_staleness,
         num_rollout=args.num_rollout,
         notes=tuple(notes),
+        rollout_backend=args.rollout_backend,
+        sglang_python=args.sglang_interpreter(env),
+        api_host=args.api_host,
+        api_port=args.api_port,
     )
 
 
@@ -545,6 +555,29 @@ def _affinity_text(plan: Plan) -> str:
     return f"on: node group {plan.node_group!r} (cluster must declare {markers})"
 
 
+def engines_text(count: int, backend: str, python: str | None, gpus_per_engine: int) -> str:
+    """``2 x sglang (python /opt/sglang/bin/python), 1 GPU each``: the start-up log's and the plan's line.
+
+    ``backend`` is ``sglang``, ``builtin`` or ``auto`` (the plan, before an engine's node decides it).
+    """
+    gpus = f"{gpus_per_engine} GPU{'s' if gpus_per_engine > 1 else ''} each"
+    own = f"{sys.executable}, the engine's own interpreter"
+    if backend == "builtin":
+        return f"{count} x builtin (python {own}), {gpus}"
+    if backend == "sglang":
+        return f"{count} x sglang (python {python or own}), {gpus}"
+    return (f"{count} x auto: sglang (python {python or own}) if the engine's GPUs are CUDA devices, else builtin; "
+            f"decided on the first engine's node at start, {gpus}")
+
+
+def api_url_text(host: str, port: int) -> str:
+    """Where the control plane will listen, and who can reach it."""
+    shown = f"[{host}]" if ":" in host else host
+    if is_loopback_host(host):
+        return f"http://{shown}:{port} (this node only; from elsewhere: ssh -L {port}:{shown}:{port} <driver-node>)"
+    return f"http://{shown}:{port} (reachable from other machines; RELAX_API_TOKEN required)"
+
+
 def format_plan(plan: Plan) -> str:
     """Multi-line, human-readable plan for ``--dry-run``."""
     batch = plan.batch
@@ -565,9 +598,11 @@ def format_plan(plan: Plan) -> str:
             f"one bundle {_bundle_text(plan.elastic_engine_bundles[0])} each, "
             f"strategy {plan.placement_strategy}, no node-group markers",
         ),
+        ("rollout engines", engines_text(plan.initial_engines, plan.rollout_backend, plan.sglang_python,
+                                         plan.gpus_per_engine)),
         ("engine bounds", _bounds_text(plan)),
         ("affinity", _affinity_text(plan)),
-        ("control plane", control),
+        ("control plane", f"{api_url_text(plan.api_host, plan.api_port)}; {control}"),
         ("baseline GPUs", f"{plan.baseline_gpus} (with elastic headroom: {plan.embedded_cluster_gpus})"),
         (
             "batch",

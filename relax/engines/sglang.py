@@ -67,6 +67,9 @@ _MANAGED_FLAGS: dict[str, str] = {
     "--max-running-requests": "max_running_requests",
     "--random-seed": "random_seed",
 }
+#: The three ways out when an engine's interpreter cannot run SGLang (each error message ends with them).
+_FIXES = (f"install it into that interpreter (pip install 'sglang=={VERIFIED_SGLANG}'), or pass --sglang-python PATH "
+          "(a Python that has it, e.g. SGLang's own environment), or pass --rollout-backend builtin")
 # Seeds go to numpy's ``np.random.seed`` inside SGLang, which accepts 0 .. 2**32 - 1 only.
 _MAX_SEED = 2**32 - 1
 
@@ -163,6 +166,27 @@ def _check_no_managed_flags(args: Sequence[str]) -> None:
                 f"SGLang extra argument {flag!r} abbreviates {' / '.join(matches)}, which is set by Relax "
                 f"(parameter {' / '.join(repr(p) for p in params)}); remove it from the extra arguments"
             )
+
+
+def reserved_flag_problems(passthrough: Sequence[tuple[str, Sequence[str]]], prefix: str = "--sglang-") -> list[str]:
+    """One line per ``--sglang-X`` passthrough that names a flag Relax sets itself (pre-flight).
+
+    ``passthrough`` is ``TrainArgs.sglang_passthrough`` (``X`` without the prefix, its values); the same flags
+    would be refused by :func:`sglang_command` when an engine starts, which is minutes later on a GPU node.
+    """
+    problems = []
+    for name, _values in passthrough:
+        try:
+            _check_no_managed_flags(["--" + name])
+        except ValueError:
+            flag = "--" + name
+            managed = [flag] if flag in _MANAGED_FLAGS else _managed_prefix_matches(flag)
+            params = sorted({_MANAGED_FLAGS[m] for m in managed})
+            problems.append(
+                f"{prefix}{name}: SGLang's {' / '.join(managed)} is set by Relax ({' / '.join(params)}); remove "
+                f"{prefix}{name} from the command line"
+            )
+    return problems
 
 
 def _is_int(value: object) -> bool:
@@ -327,14 +351,13 @@ def check_sglang_version(
         ) from None
     except OSError as error:
         raise SGLangVersionError(
-            f"cannot run {python} to check its SGLang version ({error.strerror or error}); set the SGLang "
-            "interpreter to a Python that exists on the GPU nodes"
+            f"cannot run {python} to check its SGLang version ({error.strerror or error}); pass --sglang-python "
+            "PATH naming a Python that exists on the GPU nodes, or --rollout-backend builtin"
         ) from None
     if code != 0:
         if "PackageNotFoundError" in err:
             raise SGLangVersionError(
-                f"SGLang is not installed for {python}: pip install '{SGLANG_PIP_SPEC}' on the GPU nodes, "
-                "or pass --rollout-backend builtin"
+                f"SGLang is not installed for {python} (the interpreter this engine asked): {_FIXES}"
             )
         raise SGLangVersionError(f"{python} failed to report its SGLang version (exit {code}): {_last_line(err)}")
     found = out.strip()
@@ -345,6 +368,6 @@ def check_sglang_version(
     if not SpecifierSet(SUPPORTED_SGLANG).contains(version, prereleases=True):
         raise SGLangVersionError(
             f"SGLang {found} is installed for {python}, but Relax supports sglang{SUPPORTED_SGLANG} "
-            f"(verified against {VERIFIED_SGLANG}): pip install '{SGLANG_PIP_SPEC}'"
+            f"(verified against {VERIFIED_SGLANG}): {_FIXES}"
         )
     return found

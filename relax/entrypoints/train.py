@@ -21,16 +21,33 @@ from typing import Any
 
 from relax.autoscaler.config import load_autoscaler_config
 from relax.config.checks import (
+    check_api_host,
     check_hf_checkpoint,
     check_load,
     check_port_free,
+    check_sglang_python,
     check_weight_shapes,
     find_run_outputs,
+    is_loopback_host,
     run_dir_decision,
 )
-from relax.config.flags import ConfigError, TrainArgs, UnfinishedRequests, fail, parse_args_or_exit
-from relax.config.plan import Plan, build_plan, format_plan, validate_paths, validate_plan_against_cluster
-from relax.engines.sglang import engine_secret, external_engine_key
+from relax.config.flags import (
+    SGLANG_PYTHON_ENV,
+    ConfigError,
+    TrainArgs,
+    UnfinishedRequests,
+    fail,
+    parse_args_or_exit,
+)
+from relax.config.plan import (
+    Plan,
+    build_plan,
+    engines_text,
+    format_plan,
+    validate_paths,
+    validate_plan_against_cluster,
+)
+from relax.engines.sglang import engine_secret, external_engine_key, reserved_flag_problems
 from relax.logs import setup_logging
 
 log = logging.getLogger("relax.train")
@@ -38,9 +55,35 @@ log = logging.getLogger("relax.train")
 PARTITION_TIMEOUT_S = 1800.0
 
 
+def flag_problems(args: TrainArgs) -> list[str]:
+    """Checks of the flags themselves (one line each): a real start and ``--dry-run`` both refuse on them."""
+    problems: list[str] = []
+    if args.rollout_backend != "builtin":  # the built-in engine neither runs SGLang nor reads --sglang-* flags
+        problems += reserved_flag_problems(args.sglang_passthrough)
+        source = "--sglang-python" if args.sglang_python else SGLANG_PYTHON_ENV
+        if python_problem := check_sglang_python(args.sglang_interpreter(), flag=source):
+            problems.append(python_problem)
+    if host_problem := check_api_host(args.api_host):
+        problems.append(host_problem)
+    return problems
+
+
+def dry_run_checks(args: TrainArgs) -> None:
+    """``--dry-run``: the flag checks refuse as at a real start; what depends on this machine (paths, the port)
+    is only warned about, since a plan is often made away from the cluster that will run it."""
+    problems = flag_problems(args)
+    if problems:
+        fail(ConfigError("; ".join(problems)))
+    machine = validate_paths(args)
+    machine += [p for p in (check_load(args.load, args.save), check_port_free(args.api_host, args.api_port)) if p]
+    for problem in machine:
+        log.warning("--dry-run: a start on this machine would stop here: %s", problem)
+
+
 def preflight(args: TrainArgs) -> None:
     """Every check that needs no cluster, before anything starts (clear errors, exit 2)."""
-    problems = [p for p in validate_paths(args) if not p.startswith("--hf-checkpoint")]
+    problems = flag_problems(args)
+    problems += [p for p in validate_paths(args) if not p.startswith("--hf-checkpoint")]
     problems += check_hf_checkpoint(args.hf_checkpoint)
     if not problems:
         from relax.engines.builtin.decoder import parameter_shapes
@@ -140,6 +183,7 @@ class Driver:
         self.manager: Any = None
         self.trainer: Any = None
         self.control_plane: Any = None
+        self.backend = args.rollout_backend  # `auto` until _resolve_backend asks an engine's node
         self._token: tuple[str, Path] | None = None  # the control plane's token and its lookup file
 
     # ------------------------------------------------------------------ setup
@@ -196,7 +240,8 @@ class Driver:
             partial_success_policy=a.scale_out_partial_success_policy.value,
             scale_in_drain_timeout_s=a.scale_in_drain_timeout,
             scale_in_shutdown_timeout_s=a.scale_in_shutdown_timeout,
-            backend=a.rollout_backend,
+            backend=self.backend,  # `auto` decided on an engine's node (_resolve_backend)
+            sglang_python=a.sglang_interpreter(),
             engine_host=a.engine_host,
             sglang_mem_fraction_static=a.sglang_mem_fraction_static,
             sglang_extra_args=tuple(a.sglang_extra_args),
@@ -253,6 +298,7 @@ class Driver:
         named += [(f"relax-engine-{i}", b) for i, b in enumerate(self.plan.initial_engine_bundles)]
         self.groups = create_groups(named)
         log.info("cluster mode %s; placement groups ready: %s", mode, ", ".join(n for n, _ in named))
+        self.backend = self._resolve_backend()
 
         manager_cls = ray.remote(RolloutManager)
         self.manager = manager_cls.options(
@@ -277,7 +323,35 @@ class Driver:
         self._token = (token, write_token(token, self.args.api_port, self.run_dir))
         log.info("control plane at %s (REST: %s/rollout/engines, metrics: %s/metrics); its token is in %s "
                  "(mode 0600): the relax CLI finds it there", url, url, url, self._token[1])
+        port = url.rsplit(":", 1)[-1]
+        reach = (f"this node only; from another machine: ssh -L {port}:127.0.0.1:{port} <this node>, docs/elastic.md"
+                 if is_loopback_host(self.args.api_host) else "reachable from other machines with RELAX_API_TOKEN")
+        print(f"relax API: {url} ({reach})", flush=True)
         return 0
+
+    def _resolve_backend(self) -> str:
+        """The engines' backend: ``auto`` (and SGLang's presence) is decided on the first engine's node, holding
+        its GPUs, so a GPU node without SGLang fails here, in one line, not as engines that never come up."""
+        from relax.rollout.launcher import probe_engine_node, resolve_backend
+
+        a, python = self.args, self.args.sglang_interpreter()
+        found = ""
+        if a.rollout_backend == "builtin" or len(self.groups) < 2:
+            backend = resolve_backend(a.rollout_backend)  # no engine to ask: the driver's own view
+        else:
+            facts = self._result(probe_engine_node(self.groups[1], 0, self.plan.gpus_per_engine, a.rollout_backend,
+                                                   python))
+            if facts.problem:
+                cuda = "CUDA GPUs there, so auto means SGLang; " if a.rollout_backend == "auto" else ""
+                raise ConfigError(f"--rollout-backend {a.rollout_backend}: {cuda}{facts.problem}")
+            backend = facts.backend
+            python = facts.python if backend == "sglang" else python
+            found = f"; SGLang {facts.sglang_version}" if facts.sglang_version else ""
+            if a.rollout_backend == "auto":
+                found += f"; auto: {'CUDA' if facts.cuda else 'no CUDA'} devices on the first engine's node"
+        log.info("rollout engines: %s%s", engines_text(self.plan.initial_engines, backend, python,
+                                                       self.plan.gpus_per_engine), found)
+        return backend
 
     def _autoscaler_factory(self) -> Any:
         """Built inside the control-plane actor: the autoscaler runs beside the REST API.
@@ -302,11 +376,10 @@ class Driver:
 
     # ------------------------------------------------------------------ loop
     def _publish(self, version: int) -> float:
-        from relax.rollout.launcher import resolve_backend
         from relax.training.publisher import publication_dtype, publish
 
         publication = publish(self.trainer, self.manager, version, self.args.weight_sync,
-                              dtype=publication_dtype(resolve_backend(self.args.rollout_backend)),
+                              dtype=publication_dtype(self.backend),
                               backend=self._broadcast_backend(), bucket_bytes=self.args.update_weight_buffer_size)
         return publication.gather_s
 
@@ -609,6 +682,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         fail(exc)
     if args.dry_run:
+        dry_run_checks(args)
         print(format_plan(plan))
         return 0
     preflight(args)

@@ -194,13 +194,86 @@ async def _await(ref: Any) -> Any:
     return await ref
 
 
-def resolve_backend(backend: str) -> str:
-    """`auto` = SGLang when it is installed here (looked up, never imported), else the built-in engine."""
+def resolve_backend(backend: str, engines_have_cuda: bool | None = None) -> str:
+    """`auto` = SGLang for engines on CUDA GPUs, the built-in engine for CPU-only engines.
+
+    ``engines_have_cuda``: whether an engine's GPUs are real CUDA devices, as seen on the engine's node
+    (:func:`probe_engine_node`). The plan's GPUs alone cannot say it: Ray's GPUs may be logical ones (a CPU
+    test machine, ``relax local``). ``None``: this process's own view (``torch.cuda.is_available()``).
+    Whether SGLang is installed plays no part: an engine on a GPU that cannot run SGLang fails with one line
+    saying so, rather than training on a CPU-style fp32 engine without a word.
+    """
     if backend != "auto":
         return backend
-    import importlib.util
+    if engines_have_cuda is None:
+        engines_have_cuda = _cuda_available()
+    return "sglang" if engines_have_cuda else "builtin"
 
-    return "sglang" if importlib.util.find_spec("sglang") is not None else "builtin"
+
+@dataclass(frozen=True)
+class EngineNodeFacts:
+    """What an engine's own node says: real CUDA devices, the backend ``auto`` resolves to, SGLang's version.
+
+    ``problem`` is the one-line reason an engine there cannot start its backend (SGLang missing or unusable
+    for ``python``), else ``None``.
+    """
+
+    cuda: bool
+    backend: str
+    python: str
+    sglang_version: str | None = None
+    problem: str | None = None
+
+
+def engine_node_facts(backend: str, python: str | None, env: Mapping[str, str] | None = None) -> EngineNodeFacts:
+    """Run on the engine's node, holding its GPUs: resolve ``backend`` and check SGLang there."""
+    import sys
+
+    cuda = _cuda_available()
+    chosen = resolve_backend(backend, engines_have_cuda=cuda)
+    if chosen != "sglang":
+        return EngineNodeFacts(cuda, chosen, sys.executable)
+    from relax.engines.sglang import SGLangVersionError, check_sglang_version
+
+    interpreter = python or sys.executable
+    try:
+        version = check_sglang_version(interpreter, env=dict(env) if env else None)
+    except SGLangVersionError as exc:
+        return EngineNodeFacts(cuda, chosen, interpreter, problem=str(exc))
+    return EngineNodeFacts(cuda, chosen, interpreter, sglang_version=version)
+
+
+def _cuda_available() -> bool:
+    """``torch.cuda.is_available()``, skipping torch's import (seconds) on a node with no GPU device files."""
+    import glob
+    import os
+
+    if not (glob.glob("/dev/nvidia[0-9]*") or os.path.isdir("/proc/driver/nvidia/gpus") or os.path.exists("/dev/kfd")
+            or os.path.exists("/dev/dxg")):
+        return False
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def probe_engine_node(
+    placement_group: Any, bundle_index: int, gpus: int, backend: str, python: str | None,
+    env: Mapping[str, str] | None = None,
+) -> Any:
+    """A Ray ref to :func:`engine_node_facts` run in an engine's bundle with the engine's GPUs.
+
+    Holding the GPUs matters: Ray then shows the task the same devices the engine's server will see (a task
+    without GPUs is shown none). It returns in a second or two and gives the GPUs back before the engine starts.
+    """
+    import ray
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    task = ray.remote(engine_node_facts).options(
+        num_cpus=0, num_gpus=gpus, max_retries=0,
+        scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group,
+                                                             placement_group_bundle_index=bundle_index),
+    )
+    return task.remote(backend, python, dict(env or {}))
 
 
 def resolve_engine_host(host: str) -> str:
@@ -213,4 +286,5 @@ def resolve_engine_host(host: str) -> str:
     return "127.0.0.1" if len(addresses) <= 1 else "node"
 
 
-__all__ = ["EngineLauncher", "EngineSlot", "RayEngineLauncher", "resolve_backend", "resolve_engine_host"]
+__all__ = ["EngineLauncher", "EngineNodeFacts", "EngineSlot", "RayEngineLauncher", "engine_node_facts",
+           "probe_engine_node", "resolve_backend", "resolve_engine_host"]

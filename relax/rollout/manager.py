@@ -101,6 +101,7 @@ class ManagerConfig:
     engine_host: str = "auto"
     sglang_mem_fraction_static: float | None = None
     sglang_extra_args: tuple[str, ...] = ()
+    sglang_python: str | None = None  # the interpreter that runs SGLang's server (--sglang-python); None = the actor's
     sglang_router_url: str | None = None  # an external SGLang router that mirrors the routable engines
     sglang_router_api_key: str | None = field(default=None, repr=False)  # that router's own --api-key, if any
 
@@ -216,7 +217,7 @@ class RolloutManager:
                                     mem_fraction_static=self.cfg.sglang_mem_fraction_static,
                                     extra_args=self.cfg.sglang_extra_args, api_key=self.cfg.engine_api_key,
                                     max_running_requests=self.cfg.max_running_requests,
-                                    random_seed=self.cfg.rollout_seed)
+                                    random_seed=self.cfg.rollout_seed, python=self.cfg.sglang_python)
         else:
             options = BuiltinOptions(max_running_requests=self.cfg.max_running_requests, num_threads=1,
                                      api_key=self.cfg.engine_api_key)

@@ -182,3 +182,32 @@ def test_a_resume_continues_the_run_directory(tiny_preset, tmp_path) -> None:
     (out / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "kind": "train"}) + "\n" for s in (1, 2)))
     _fake_checkpoint(save, 1)
     preflight(_args(tiny_preset, tmp_path, "--load", str(save), "--save", str(save)))
+
+
+# -- the flags a real start and --dry-run both refuse (one line each) -------------------------------------
+
+
+def test_reserved_sglang_flags_fail_in_preflight(tiny_preset, tmp_path, capsys) -> None:
+    err = _one_line_failure(_args(tiny_preset, tmp_path, "--sglang-port", "30000", "--sglang-tp", "2"), capsys)
+    assert "--sglang-port: SGLang's --port is set by Relax" in err and "--sglang-tp: SGLang's --tp" in err
+
+
+def test_a_missing_sglang_python_fails_in_preflight(tiny_preset, tmp_path, capsys, monkeypatch) -> None:
+    monkeypatch.delenv("RELAX_SGLANG_PYTHON", raising=False)
+    err = _one_line_failure(_args(tiny_preset, tmp_path, "--sglang-python", str(tmp_path / "py")), capsys)
+    assert f"--sglang-python {tmp_path / 'py'}: no such file" in err
+    monkeypatch.setenv("RELAX_SGLANG_PYTHON", str(tmp_path))
+    err = _one_line_failure(_args(tiny_preset, tmp_path), capsys)
+    assert f"RELAX_SGLANG_PYTHON {tmp_path}: not an executable file" in err
+
+
+def test_a_wide_api_host_without_a_token_fails_in_preflight(tiny_preset, tmp_path, capsys, monkeypatch) -> None:
+    monkeypatch.delenv("RELAX_API_TOKEN", raising=False)
+    err = _one_line_failure(_args(tiny_preset, tmp_path, "--api-host", "0.0.0.0"), capsys)
+    assert "--api-host 0.0.0.0" in err and "set RELAX_API_TOKEN" in err
+    monkeypatch.setenv("RELAX_API_TOKEN", "an-operators-token")
+    preflight(_args(tiny_preset, tmp_path, "--api-host", "0.0.0.0"))
+
+
+def test_the_builtin_backend_ignores_sglang_flags(tiny_preset, tmp_path) -> None:
+    preflight(_args(tiny_preset, tmp_path, "--rollout-backend", "builtin", "--sglang-port", "1"))

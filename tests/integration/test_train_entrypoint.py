@@ -147,3 +147,19 @@ def test_an_output_dir_another_live_run_writes_fails_in_one_line(tiny_preset, tm
         holder.wait(timeout=30)
     _fails_cleanly(result, f"--output-dir: {out.resolve()} is in use by another live run (pid {holder.pid})")
     assert "Started a local Ray" not in result.stderr
+
+
+def test_dry_run_names_the_backend_and_runs_the_flag_checks(tmp_path: Path) -> None:
+    yaml = tmp_path / "autoscaler.yaml"
+    yaml.write_text("enabled: true\nmin_engines: 4\nmax_engines: 8\n")
+    python = tmp_path / "python"
+    python.write_text("#!/bin/sh\n")
+    python.chmod(0o755)
+    result = run_train("--dry-run", *recipe_qwen3_4b_args(str(yaml)), "--sglang-python", str(python))
+    assert result.returncode == 0, result.stderr
+    assert f"rollout engines  4 x sglang (python {python}), 1 GPU each" in result.stdout
+    assert "--dry-run: a start on this machine would stop here: --hf-checkpoint" in result.stderr  # a warning
+    bad = run_train("--dry-run", *recipe_qwen3_4b_args(str(yaml)), "--sglang-python", str(tmp_path / "nope"),
+                    "--sglang-port", "1", "--api-host", "0.0.0.0")
+    _fails_cleanly(bad, "--sglang-port: SGLang's --port is set by Relax", f"--sglang-python {tmp_path / 'nope'}",
+                   "--api-host 0.0.0.0")

@@ -134,3 +134,34 @@ def test_find_run_outputs_counts_only_files_with_step_rows(tmp_path: Path) -> No
     elsewhere.mkdir()
     (elsewhere / "events.out.tfevents.4.host.4.0").write_bytes(_record(b"v") + _record(b"s") + _record(b"s"))
     assert find_run_outputs(out, elsewhere).files[-1] == f"1 TensorBoard event file in {elsewhere}"
+
+
+# -- --sglang-python and --api-host ----------------------------------------------------------------------
+
+
+def test_sglang_python_must_be_an_executable_file(tmp_path: Path) -> None:
+    from relax.config.checks import check_sglang_python
+
+    assert check_sglang_python(None) is None
+    missing = check_sglang_python(str(tmp_path / "nope"))
+    assert missing is not None and missing.startswith(f"--sglang-python {tmp_path / 'nope'}: no such file")
+    plain = tmp_path / "python"
+    plain.write_text("#!/bin/sh\n")
+    assert "not an executable file" in (check_sglang_python(str(plain)) or "")
+    assert "not an executable file" in (check_sglang_python(str(tmp_path), flag="RELAX_SGLANG_PYTHON") or "")
+    plain.chmod(0o755)
+    assert check_sglang_python(str(plain)) is None
+
+
+def test_a_non_loopback_api_host_needs_relax_api_token() -> None:
+    from relax.config.checks import check_api_host, is_loopback_host
+
+    for host in ("127.0.0.1", "127.0.0.2", "localhost", "::1", "[::1]"):
+        assert is_loopback_host(host) and check_api_host(host, {}) is None
+    for host in ("0.0.0.0", "::", "10.1.2.3", ""):
+        assert not is_loopback_host(host)
+        problem = check_api_host(host, {})
+        assert problem is not None and "\n" not in problem
+        assert problem.startswith(f"--api-host {host} ") and "set RELAX_API_TOKEN" in problem and "ssh -L" in problem
+        assert check_api_host(host, {"RELAX_API_TOKEN": "s3cret"}) is None
+        assert check_api_host(host, {"RELAX_API_TOKEN": "  "}) is not None  # blank is unset

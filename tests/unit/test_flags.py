@@ -331,3 +331,13 @@ def test_weight_sync_defaults_to_broadcast_and_names_bad_values() -> None:
     message = _error(["--weight-sync", "nccl"])
     assert "--weight-sync" in message and "broadcast, object-store" in message
     assert "--weight-broadcast-timeout" in _error(["--weight-broadcast-timeout", "0"])
+
+
+def test_sglang_python_flag_wins_over_the_environment() -> None:
+    args = parse_args(["--num-rollout", "1", "--sglang-python", "/opt/a/bin/python"])
+    assert args.sglang_python == "/opt/a/bin/python" and args.sglang_passthrough == ()  # a flag, not a passthrough
+    assert args.sglang_interpreter({"RELAX_SGLANG_PYTHON": "/opt/b/bin/python"}) == "/opt/a/bin/python"
+    plain = parse_args(["--num-rollout", "1"])
+    assert plain.sglang_interpreter({"RELAX_SGLANG_PYTHON": "/opt/b/bin/python"}) == "/opt/b/bin/python"
+    assert plain.sglang_interpreter({"RELAX_SGLANG_PYTHON": " "}) is None
+    assert plain.sglang_interpreter({}) is None

@@ -450,3 +450,54 @@ def test_launch_spec_repr_masks_the_api_key() -> None:
     spec = LaunchSpec(argv=("python", "-m", "sglang.launch_server", "--api-key", "s3cret"), host="127.0.0.1",
                       port=30000, log_path="/tmp/x.log", token="s3cret")
     assert "s3cret" not in repr(spec) and "***" in repr(spec)
+
+
+# -- which backend `auto` means (relax.rollout.launcher) ------------------------------------------------
+
+
+def test_auto_means_sglang_on_cuda_engines_and_builtin_elsewhere() -> None:
+    from relax.rollout.launcher import resolve_backend
+
+    assert resolve_backend("auto", engines_have_cuda=True) == "sglang"
+    assert resolve_backend("auto", engines_have_cuda=False) == "builtin"
+    assert resolve_backend("sglang", engines_have_cuda=False) == "sglang"  # asked for: never overridden
+    assert resolve_backend("builtin", engines_have_cuda=True) == "builtin"
+
+
+def test_auto_on_this_cpu_machine_is_the_builtin_engine() -> None:
+    # The CPU test suite runs with Ray's logical GPUs: they are not CUDA devices, so `auto` stays builtin.
+    import torch
+
+    from relax.rollout.launcher import engine_node_facts, resolve_backend
+
+    assert not torch.cuda.is_available()
+    assert resolve_backend("auto") == "builtin"
+    facts = engine_node_facts("auto", "/opt/sglang/bin/python")
+    assert (facts.cuda, facts.backend, facts.problem) == (False, "builtin", None)
+
+
+def _fake_python(tmp_path: Path, body: str) -> Path:
+    script = tmp_path / "python"
+    script.write_text(f"#!/bin/sh\n{body}\n")
+    script.chmod(0o755)
+    return script
+
+
+def test_sglang_on_a_node_without_it_is_one_line_naming_the_interpreter_and_the_fixes(tmp_path: Path) -> None:
+    from relax.rollout.launcher import engine_node_facts
+
+    python = _fake_python(tmp_path, 'echo "importlib.metadata.PackageNotFoundError: sglang" >&2; exit 1')
+    facts = engine_node_facts("sglang", str(python))
+    assert facts.backend == "sglang" and facts.python == str(python) and facts.sglang_version is None
+    assert facts.problem is not None and "\n" not in facts.problem
+    assert f"SGLang is not installed for {python}" in facts.problem
+    for fix in ("sglang==0.5.23", "--sglang-python PATH", "--rollout-backend builtin"):
+        assert fix in facts.problem
+
+
+def test_sglang_on_a_node_with_it_reports_its_version(tmp_path: Path) -> None:
+    from relax.rollout.launcher import engine_node_facts
+
+    python = _fake_python(tmp_path, 'echo "0.5.23"')
+    facts = engine_node_facts("sglang", str(python))
+    assert (facts.backend, facts.python, facts.sglang_version, facts.problem) == ("sglang", str(python), "0.5.23", None)

@@ -66,7 +66,7 @@ def recipe_qwen3_4b_args(autoscaler_yaml: str, rm_type: str = "deepscaler") -> l
         "--optimizer", "adam", "--lr", "1e-6", "--lr-decay-style", "constant", "--weight-decay", "0.1",
         "--adam-beta1", "0.9", "--adam-beta2", "0.98",
         # SGLANG_ARGS
-        "--sglang-mem-fraction-static", "0.7",
+        "--rollout-backend", "sglang", "--sglang-mem-fraction-static", "0.7",
         # MISC_ARGS
         "--attention-dropout", "0.0", "--hidden-dropout", "0.0", "--accumulate-allreduce-grads-in-fp32",
         "--attention-softmax-in-fp32", "--attention-backend", "flash",
@@ -420,3 +420,30 @@ def test_validate_paths_uses_the_injected_check():
 
 def test_bundle_to_ray():
     assert Bundle(markers=(("g_gpu", 1.0),)).to_ray() == {"GPU": 1.0, "CPU": 1.0, "g_gpu": 1.0}
+
+
+def test_the_plan_names_the_backend_and_the_interpreter(recipe_argv):
+    text = format_plan(plan_from_args(parse_args(recipe_argv), env={"RELAX_SGLANG_PYTHON": "/opt/sglang/bin/python"}))
+    assert "rollout engines  4 x sglang (python /opt/sglang/bin/python), 1 GPU each" in text
+    argv = [*recipe_argv, "--sglang-python", "/venvs/sg/bin/python"]  # the flag wins over the environment
+    text = format_plan(plan_from_args(parse_args(argv), env={"RELAX_SGLANG_PYTHON": "/opt/sglang/bin/python"}))
+    assert "4 x sglang (python /venvs/sg/bin/python)" in text
+
+
+def test_auto_and_builtin_in_the_plan():
+    import sys
+
+    base = ["--num-rollout", "1", "--resource", '{"actor": [1, 1], "rollout": [1, 2]}']
+    auto = format_plan(plan_from_args(parse_args(base), env={}))
+    assert (f"2 x auto: sglang (python {sys.executable}, the engine's own interpreter) if the engine's GPUs are "
+            "CUDA devices, else builtin") in auto
+    builtin = format_plan(plan_from_args(parse_args([*base, "--rollout-backend", "builtin"]), env={}))
+    assert f"2 x builtin (python {sys.executable}, the engine's own interpreter), 1 GPU each" in builtin
+
+
+def test_the_plan_names_the_control_plane_url():
+    base = ["--num-rollout", "1", "--resource", '{"actor": [1, 1], "rollout": [1, 1]}']
+    local = format_plan(plan_from_args(parse_args(base), env={}))
+    assert "control plane    http://127.0.0.1:8000 (this node only; from elsewhere: ssh -L 8000:127.0.0.1:8000" in local
+    wide = format_plan(plan_from_args(parse_args([*base, "--api-host", "0.0.0.0", "--api-port", "8100"]), env={}))
+    assert "http://0.0.0.0:8100 (reachable from other machines; RELAX_API_TOKEN required)" in wide

@@ -274,8 +274,9 @@ def test_the_probe_reads_package_metadata_without_importing_sglang(tmp_path: Pat
 
 
 NOT_INSTALLED = (
-    "SGLang is not installed for {python}: pip install 'sglang>=0.5,<0.6' on the GPU nodes, "
-    "or pass --rollout-backend builtin"
+    "SGLang is not installed for {python} (the interpreter this engine asked): install it into that interpreter "
+    "(pip install 'sglang==0.5.23'), or pass --sglang-python PATH (a Python that has it, e.g. SGLang's own "
+    "environment), or pass --rollout-backend builtin"
 )
 
 
@@ -381,3 +382,40 @@ def test_sglang_is_never_imported() -> None:
     sglang_command("/m", "h", 1)
     sglang_spec("/m", "h", 1, "/tmp/x.log")
     assert "sglang" not in sys.modules
+
+
+def test_missing_interpreter_names_the_fixes(tmp_path: Path) -> None:
+    with pytest.raises(SGLangVersionError) as error:
+        check_sglang_version(str(tmp_path / "no" / "python"))
+    assert "--sglang-python PATH" in str(error.value) and "--rollout-backend builtin" in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_a_version_outside_the_range_names_the_fixes(tmp_path: Path) -> None:
+    python = fake_interpreter(tmp_path, 'echo "0.4.10"')
+    with pytest.raises(SGLangVersionError) as error:
+        check_sglang_version(str(python))
+    message = str(error.value)
+    assert message.startswith(f"SGLang 0.4.10 is installed for {python}")
+    assert "sglang==0.5.23" in message and "--sglang-python PATH" in message and "--rollout-backend builtin" in message
+
+
+@pytest.mark.parametrize(("passthrough", "needles"), [
+    ((("port", ("30000",)),), ["--sglang-port: SGLang's --port is set by Relax (port)"]),
+    ((("tp-size", ("2",)), ("dtype", ("bfloat16",))), ["--sglang-tp-size: SGLang's --tp-size"]),
+    ((("mem-frac", ("0.5",)),), ["--sglang-mem-frac: SGLang's --mem-fraction-static is set by Relax"]),
+    ((("api-key", ("k",)), ("weight-version", ("3",))), ["--sglang-api-key", "--sglang-weight-version"]),
+])
+def test_reserved_passthrough_flags_are_one_line_each(passthrough, needles) -> None:
+    from relax.engines.sglang import reserved_flag_problems
+
+    problems = reserved_flag_problems(passthrough)
+    assert len(problems) == len(needles)
+    for problem, needle in zip(problems, needles, strict=True):
+        assert needle in problem and "remove" in problem and "\n" not in problem
+
+
+def test_ordinary_passthrough_flags_pass() -> None:
+    from relax.engines.sglang import reserved_flag_problems
+
+    assert reserved_flag_problems((("dtype", ("bfloat16",)), ("enable-torch-compile", ()), ("p", ("1",)))) == []
