@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["RunDirDecision", "RunOutputs", "check_api_host", "check_hf_checkpoint", "check_load", "check_model_type",
-           "check_port_free", "check_sglang_python", "check_weight_shapes", "find_run_outputs", "is_loopback_host",
-           "run_dir_decision", "safetensors_problem"]
+           "check_port_free", "check_sglang_python", "check_wandb", "check_weight_shapes", "find_run_outputs",
+           "is_loopback_host", "run_dir_decision", "safetensors_problem"]
 
 
 def safetensors_problem(path: Path) -> str | None:
@@ -93,6 +93,18 @@ def check_hf_checkpoint(path: str | None, flag: str = "--hf-checkpoint") -> list
         problems += [f"{index} names {s}, which is missing" for s in sorted(shards) if not (p / s).is_file()]
     problems += [m for m in (safetensors_problem(f) for f in weights) if m]
     return problems
+
+
+WANDB_INSTALL = "pip install 'relax[wandb]'"
+
+
+def check_wandb(use_wandb: bool) -> str | None:
+    """``--use-wandb`` needs the ``wandb`` package: None when it is installed (or not asked for), else the fix."""
+    import importlib.util
+
+    if not use_wandb or importlib.util.find_spec("wandb") is not None:
+        return None
+    return f"--use-wandb needs the wandb package, which is not installed: {WANDB_INSTALL}"
 
 
 def check_port_free(host: str, port: int, flag: str = "--api-port") -> str | None:

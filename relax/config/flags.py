@@ -15,7 +15,7 @@ import os
 import re
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import IO, NoReturn
 from urllib.parse import urlsplit
@@ -189,9 +189,18 @@ class TrainArgs:
     output_dir: str = "outputs"
     tensorboard_dir: str | None = None
     record_samples: bool = False
+    # Experiment tracking (W&B; relax.training.tracking)
+    use_wandb: bool = False
+    wandb_project: str | None = None
+    wandb_group: str | None = None
+    wandb_team: str | None = None
+    wandb_run_id: str | None = None
+    wandb_key: str | None = field(default=None, repr=False)  # a secret: never shown nor logged
+    wandb_host: str | None = None
+    wandb_mode: str | None = None  # online | offline; None: WANDB_MODE, else online
     # Bookkeeping
     ignored_flags: tuple[str, ...] = ()
-    argv: tuple[str, ...] = ()
+    argv: tuple[str, ...] = field(default=(), repr=False)  # may hold secrets (--wandb-key)
 
     def sglang_interpreter(self, environ: Mapping[str, str] | None = None) -> str | None:
         """The Python that runs ``python -m sglang.launch_server``: ``--sglang-python``, else
@@ -268,6 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_training_flags(parser.add_argument_group("training (GRPO)"))
     _add_checkpoint_flags(parser.add_argument_group("checkpoints"))
     _add_output_flags(parser.add_argument_group("control plane and output"))
+    _add_tracking_flags(parser.add_argument_group("experiment tracking (W&B)"))
     _add_compat_flags(parser.add_argument_group("Megatron/slime compatibility (mapped or ignored)"))
     return parser
 
@@ -488,6 +498,25 @@ def _add_output_flags(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--record-samples", action="store_true",
                        help="write every trained sample (response text and tokens, reward, version, finish "
                             "reason) to <output-dir>/samples.jsonl; large on long responses")
+
+
+def _add_tracking_flags(group: argparse._ArgumentGroup) -> None:
+    """slime's W&B flags, plus --wandb-mode (docs/training.md, "Experiment tracking (W&B)")."""
+    group.add_argument("--use-wandb", action="store_true",
+                       help="log every metrics.jsonl row, the summary and the training plot to a W&B run "
+                            "(needs pip install 'relax[wandb]')")
+    group.add_argument("--wandb-project", metavar="NAME", help="W&B project (default relax)")
+    group.add_argument("--wandb-group", metavar="NAME", help="W&B run group")
+    group.add_argument("--wandb-team", metavar="ENTITY", help="W&B entity (team or user; default: the key's user)")
+    group.add_argument("--wandb-run-id", metavar="ID",
+                       help="W&B run id to log to (resumed if it exists); default: a new id, kept in "
+                            "<output-dir>/wandb-run-id and reused when --load resumes the run")
+    group.add_argument("--wandb-key", metavar="KEY",
+                       help="W&B API key for online mode (default: WANDB_API_KEY or `wandb login`); never logged")
+    group.add_argument("--wandb-host", metavar="URL", help="W&B server base URL (default https://api.wandb.ai)")
+    group.add_argument("--wandb-mode", choices=("online", "offline"), metavar="{online,offline}",
+                       help="online, or offline: write under <output-dir>/wandb/ for a later `wandb sync` "
+                            "(default: WANDB_MODE, else online)")
 
 
 def _add_compat_flags(group: argparse._ArgumentGroup) -> None:

@@ -26,6 +26,7 @@ from relax.config.checks import (
     check_load,
     check_port_free,
     check_sglang_python,
+    check_wandb,
     check_weight_shapes,
     find_run_outputs,
     is_loopback_host,
@@ -49,6 +50,7 @@ from relax.config.plan import (
 )
 from relax.engines.sglang import engine_secret, external_engine_key, reserved_flag_problems
 from relax.logs import setup_logging
+from relax.training import tracking
 
 log = logging.getLogger("relax.train")
 
@@ -106,6 +108,8 @@ def preflight(args: TrainArgs) -> None:
     port_problem = check_port_free(args.api_host, args.api_port)
     if port_problem:
         problems.append(port_problem)
+    if wandb_problem := check_wandb(args.use_wandb):
+        problems.append(wandb_problem)
     if problems:
         fail(ConfigError("; ".join(problems)))
     from relax.data.dataset import DataError, load_prompt_data
@@ -185,6 +189,7 @@ class Driver:
         self.control_plane: Any = None
         self.backend = args.rollout_backend  # `auto` until _resolve_backend asks an engine's node
         self._token: tuple[str, Path] | None = None  # the control plane's token and its lookup file
+        self.tracking: tracking.Tracking = tracking.NO_TRACKING  # W&B with --use-wandb (relax.training.tracking)
 
     # ------------------------------------------------------------------ setup
     def _install_signals(self) -> None:
@@ -400,6 +405,7 @@ class Driver:
                 log.warning("%s during start-up: stopping before the first step", self.stop.signal_name)
                 return 0
             start_step, cursor = self._maybe_resume()
+            self.tracking = tracking.start(self.args, self.run_dir, resuming=start_step > 0)
             if start_step > 0:
                 metrics.resume(start_step)  # one row per step across the segments; the summary covers them all
                 versions_log.close()  # and the per-sample records of the steps done again
@@ -436,8 +442,10 @@ class Driver:
                     self._save(*last_done)
             summary = summarize(metrics.train_rows, metrics.wall_seconds())
             self._finish(summary, metrics, plot)
+            self.tracking.end(summary, self.run_dir / "training.png")
             return 0
         finally:
+            self.tracking.finish()  # a run that did not reach end() is marked failed
             versions_log.close()
             metrics.close()
             self._shutdown()
@@ -486,6 +494,7 @@ class Driver:
             "rollout/staleness_blocked_fraction": status["staleness_blocked_fraction"],
         }
         metrics.log(step + 1, row)
+        self.tracking.log(metrics.rows[-1])
         self.manager.report_training.remote({
             "step": step + 1, "staleness_mean": row.get("staleness/mean", 0.0),
             "trainer_wait_fraction": row["time/trainer_wait_fraction"],
@@ -541,6 +550,7 @@ class Driver:
         row = {k if k.startswith("eval/") else f"eval/{k}": v for k, v in result.items()}
         row["time/eval_s"] = time.monotonic() - began
         metrics.log(step, row, kind="eval")
+        self.tracking.log(metrics.rows[-1])
         log.info(
             "evaluation at step %d: %s",
             step,

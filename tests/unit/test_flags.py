@@ -236,13 +236,13 @@ def test_megatron_flags_are_mapped_or_listed_once_as_ignored():
         "--tensor-model-parallel-size", "2", "--sequence-parallel", "--num-layers", "36",
         "--recompute-granularity", "full", "--recompute-method", "uniform",
         "--use-dynamic-batch-size", "--max-tokens-per-gpu", "9216", "--balance-data", "--micro-batch-size", "2",
-        "--norm-epsilon", "1e-6", "--use-wandb", "--wandb-project", "p",
+        "--norm-epsilon", "1e-6", "--use-clearml", "--tb-project-name", "p",
     ])
     assert args.gradient_checkpointing and args.use_dynamic_batch_size and args.balance_data
     assert args.micro_batch_size == 2
     assert args.ignored_flags == (
         "--tensor-model-parallel-size", "--sequence-parallel", "--recompute-method", "--num-layers",
-        "--norm-epsilon", "--use-wandb", "--wandb-project",
+        "--norm-epsilon", "--use-clearml", "--tb-project-name",
     )
     warning = ignored_flags_warning(args)
     assert warning is not None and "\n" not in warning
