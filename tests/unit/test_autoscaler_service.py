@@ -795,7 +795,7 @@ async def test_the_driver_mounts_a_disabled_autoscaler_that_can_be_enabled() -> 
 
     from relax.entrypoints.train import Driver
 
-    driver = Driver(SimpleNamespace(output_dir="unused"), SimpleNamespace(initial_engines=2),  # type: ignore[arg-type]
+    driver = Driver(SimpleNamespace(output_dir="unused", rollout_backend="builtin"), SimpleNamespace(initial_engines=2),  # type: ignore[arg-type]
                     make_config(enabled=False))
     driver.manager = _Handle()
     factory = driver._autoscaler_factory()
