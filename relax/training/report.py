@@ -202,11 +202,18 @@ def plot(rows: list[dict[str, Any]], out: Path) -> Path:
     steps = [r["step"] for r in rows]
     panels = [("rollout/reward_mean", "mean reward"), ("rollout/response_len_mean", "response length (tokens)"),
               ("engines/active", "ACTIVE engines")]
+    from matplotlib.ticker import MaxNLocator
+
     fig, axes = plt.subplots(len(panels), 1, figsize=(7, 7), sharex=True)
     for ax, (key, title) in zip(axes, panels, strict=True):
         ax.plot(steps, [r.get(key, float("nan")) for r in rows], marker="o", markersize=3)
         ax.set_ylabel(title)
         ax.grid(alpha=0.3)
+    # Counts start at 0: autoscaled, a constant length of 4 tokens is drawn as spikes around 4 (matplotlib zooms
+    # into +-0.05); engines come in whole numbers.
+    for ax in axes[1:]:
+        ax.set_ylim(bottom=0, top=max(1.0, ax.get_ylim()[1]))
+    axes[2].yaxis.set_major_locator(MaxNLocator(integer=True))
     axes[-1].set_xlabel("training step")
     fig.suptitle("Relax run")
     fig.tight_layout()
