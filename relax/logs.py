@@ -6,6 +6,7 @@ And ``failure_cause``: an exception (Ray's included) as the one line an operator
 from __future__ import annotations
 
 import logging
+import os
 import re
 import sys
 
@@ -14,8 +15,23 @@ FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 QUIET = ("httpx", "httpcore", "urllib3", "matplotlib", "filelock")
 
 
-def setup_logging(level: int = logging.INFO) -> None:
+#: The run's ``--log-level``, handed to every process it starts (Ray workers get it in their runtime env).
+LOG_LEVEL_ENV = "RELAX_LOG_LEVEL"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def log_level() -> int:
+    """The level of this process: ``RELAX_LOG_LEVEL`` (``--log-level``), INFO when unset or unknown."""
+    name = os.environ.get(LOG_LEVEL_ENV, "info").strip().lower()
+    return getattr(logging, name.upper()) if name in LOG_LEVELS else logging.INFO
+
+
+def setup_logging(level: int | None = None) -> None:
+    """Relax's format at the run's level. Per-step lines of actors are DEBUG: the driver's one line per step is
+    what an operator follows (``--log-level debug`` shows the rest)."""
+    level = log_level() if level is None else level
     logging.basicConfig(level=level, format=FORMAT)
+    logging.getLogger("relax").setLevel(level)
     for name in QUIET:
         logging.getLogger(name).setLevel(logging.WARNING)
 

@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 from relax import argtypes
 from relax.config.megatron import COMPAT_FLAGS, Arity, ignored_options, ignored_warning, mapped_settings
 from relax.config.pause_mode import PauseMode
+from relax.logs import LOG_LEVELS
 
 PROG = "python -m relax.entrypoints.train"
 SGLANG_PASSTHROUGH_PREFIX = "--sglang-"
@@ -189,6 +190,7 @@ class TrainArgs:
     output_dir: str = "outputs"
     tensorboard_dir: str | None = None
     record_samples: bool = False
+    log_level: str = "info"
     # Experiment tracking (W&B; relax.training.tracking)
     use_wandb: bool = False
     wandb_project: str | None = None
@@ -498,6 +500,9 @@ def _add_output_flags(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--record-samples", action="store_true",
                        help="write every trained sample (response text and tokens, reward, version, finish "
                             "reason) to <output-dir>/samples.jsonl; large on long responses")
+    group.add_argument("--log-level", choices=LOG_LEVELS, default="info",
+                       help="info (default): one console line per training step and the events that matter; "
+                            "debug: every actor's per-step lines too (rollout steps, trainer ranks, weight loads)")
 
 
 def _add_tracking_flags(group: argparse._ArgumentGroup) -> None:

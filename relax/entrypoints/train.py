@@ -49,8 +49,9 @@ from relax.config.plan import (
     validate_plan_against_cluster,
 )
 from relax.engines.sglang import engine_secret, external_engine_key, reserved_flag_problems
-from relax.logs import setup_logging
+from relax.logs import LOG_LEVEL_ENV, setup_logging
 from relax.training import tracking
+from relax.training.console import StepLine, eta_seconds
 
 log = logging.getLogger("relax.train")
 
@@ -190,6 +191,7 @@ class Driver:
         self.backend = args.rollout_backend  # `auto` until _resolve_backend asks an engine's node
         self._token: tuple[str, Path] | None = None  # the control plane's token and its lookup file
         self.tracking: tracking.Tracking = tracking.NO_TRACKING  # W&B with --use-wandb (relax.training.tracking)
+        self._step_times: list[float] = []  # for the console line's ETA (relax.training.console)
 
     # ------------------------------------------------------------------ setup
     def _install_signals(self) -> None:
@@ -288,6 +290,7 @@ class Driver:
                 "env_vars": {
                     "OMP_NUM_THREADS": "1",
                     "TOKENIZERS_PARALLELISM": "false",
+                    LOG_LEVEL_ENV: self.args.log_level,  # every actor logs at the run's --log-level
                     "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", ""),
                     scratch.RUN_ID_ENV: run_id,
                 }
@@ -500,16 +503,15 @@ class Driver:
             "trainer_wait_fraction": row["time/trainer_wait_fraction"],
             "rollout_tokens_per_s": _tokens_per_s(samples, row.get("rollout/seconds")),
         })
-        log.info(
-            "training step %d/%d: reward %.3f, response len %.1f, staleness max %s, loss %.4f (%.1fs)",
-            step + 1,
-            total,
-            row.get("rollout/reward_mean", float("nan")),
-            row.get("rollout/response_len_mean", float("nan")),
-            row.get("staleness/max"),
-            train_metrics.get("loss", float("nan")),
-            step_time,
-        )
+        self._step_times.append(step_time)
+        log.info("%s", StepLine(
+            step=step + 1, total=total, reward=row.get("rollout/reward_mean"), staleness_max=row.get("staleness/max"),
+            active_engines=status["active_engines"], step_s=step_time,
+            eta_s=eta_seconds(self._step_times, total - step - 1),
+        ).render(tty=sys.stderr.isatty()))
+        log.debug("step %d: response len %.1f, loss %.4f, train %.2fs, publish %.2fs", step + 1,
+                  row.get("rollout/response_len_mean", float("nan")), train_metrics.get("loss", float("nan")),
+                  trained, publish_s)
         return part["cursor_end"]
 
     def _record_samples(self, step: int, samples: list[Any]) -> None:
@@ -686,6 +688,10 @@ def _fmt(value: float | None) -> str:
 def main(argv: list[str] | None = None) -> int:
     setup_logging()
     args = parse_args_or_exit(argv)
+    os.environ[LOG_LEVEL_ENV] = args.log_level
+    setup_logging()
+    if not sys.stderr.isatty():  # a file or a job log: Ray's prefixes of actors' lines without colour codes
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
     try:
         autoscaler = load_autoscaler_config(args.autoscaler_config) if args.autoscaler_config else None
         plan = build_plan(args, os.environ, autoscaler=autoscaler)

@@ -187,7 +187,7 @@ async def send_version(engine_id: str, client: Any, group: EngineGroup, version:
             await asyncio.wait_for(client.end_weight_update(), timeout_s)
     finally:
         await _quietly(asyncio.wait_for(group.source.release(version), timeout_s))  # else its lease lapses
-    log.info("%s: weights v%d by broadcast, %d buckets, %.1f MiB in %.2fs (paused %.2fs)", engine_id, version,
+    log.debug("%s: weights v%d by broadcast, %d buckets, %.1f MiB in %.2fs (paused %.2fs)", engine_id, version,
              len(specs), sent / 2**20, transfer_s, window.seconds)
     # receive and load are one step per bucket here (the engine copies each bucket as it arrives): load_s = transfer_s
     return {"path": "broadcast", "transfer_s": transfer_s, "load_s": transfer_s, "paused_s": window.seconds,

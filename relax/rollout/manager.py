@@ -295,7 +295,7 @@ class RolloutManager:
                 await self.buffer.open_partition_async(step, expected_groups=len(batch.records))
                 await asyncio.gather(*(self._group_into_buffer(step, rec) for rec in batch.records))
                 self._steps[step].finished = time.time()
-                log.info(
+                log.debug(
                     "rollout step %d/%d generated (%d groups, engine weights v%d)",
                     step + 1,
                     self.cfg.num_rollout,

@@ -121,7 +121,7 @@ class WeightSync:
                     failed.add(eid)
                     await self._on_failure(eid, res)  # never serve stale weights
             paused = [p for eid in behind if (p := self.last_syncs.get(eid, {}).get("paused_s")) is not None]
-            log.info("weights v%d on %d engine(s) in %.2fs (engines paused %s)", latest.version, len(behind),
+            log.debug("weights v%d on %d engine(s) in %.2fs (engines paused %s)", latest.version, len(behind),
                      time.monotonic() - began, f"max {max(paused):.2f}s" if paused else "n/a")
             self._on_change()
 

@@ -550,7 +550,7 @@ class TrainerActor:
                    peak_memory_mb=_peak_memory_mb(self.device))
         if self.grad_scaler is not None:
             out["loss_scale"] = float(self.grad_scaler.get_scale())
-        logger.info("trainer rank %d/%d: step %d, %d samples, %d tokens, loss %.5f, grad_norm %.4f, %.3fs%s",
+        logger.debug("trainer rank %d/%d: step %d, %d samples, %d tokens, loss %.5f, grad_norm %.4f, %.3fs%s",
                     self.rank, self.world_size, self.step, len(samples), acc.tokens, out.get("loss", 0.0),
                     grad_norm, out["step_time_s"], " (skipped: non-finite grad norm)" if skipped else "")
         return out

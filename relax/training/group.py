@@ -224,7 +224,7 @@ class TrainerGroup:
                                       aggregation=agg.value)
         metrics = reduce_rank_metrics(per_rank)
         metrics["wall_time_s"] = time.perf_counter() - t0
-        logger.info("trainer group: step %d, %d samples, loss %.5f, grad_norm %.4f, %.3fs",
+        logger.debug("trainer group: step %d, %d samples, loss %.5f, grad_norm %.4f, %.3fs",
                     int(metrics.get("step", 0)), len(dicts), metrics.get("loss", 0.0), metrics.get("grad_norm", 0.0),
                     metrics["wall_time_s"])
         return metrics

@@ -88,7 +88,7 @@ class WeightSender:
                 raise ValueError(f"weight versions must strictly increase: got {version} after {latest}")
             self._versions[version] = held
             self._trim()
-        log.info("weights v%d held for broadcast: %d buckets, %.1f MiB in %.3fs", version, len(specs),
+        log.debug("weights v%d held for broadcast: %d buckets, %.1f MiB in %.3fs", version, len(specs),
                  held.nbytes / 2**20, time.perf_counter() - t0)
         return manifest
 
