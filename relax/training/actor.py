@@ -655,7 +655,7 @@ class TrainerActor:
         if self.rank != 0:
             return None
         out = _revert_weight_conversion(self.model, out)
-        logger.info("trainer rank %d/%d: gathered %d tensors (%.1f MiB) in %.3fs", self.rank, self.world_size,
+        logger.debug("trainer rank %d/%d: gathered %d tensors (%.1f MiB) in %.3fs", self.rank, self.world_size,
                     len(out), sum(t.numel() * 4 for t in out.values()) / 2**20, time.perf_counter() - t0)
         return out
 
@@ -733,7 +733,7 @@ class TrainerActor:
             except Exception as exc:  # noqa: BLE001 - reported to every rank below
                 error = f"saving {ckpt_dir} failed: {type(exc).__name__}: {exc}"
         self._rank0_outcome(error)
-        logger.info("trainer rank %d/%d: saved checkpoint %s (step %d) in %.2fs", self.rank, self.world_size,
+        logger.debug("trainer rank %d/%d: saved checkpoint %s (step %d) in %.2fs", self.rank, self.world_size,
                     ckpt_dir, self.step, time.perf_counter() - t0)
         return str(ckpt_dir)
 

@@ -256,7 +256,7 @@ class TrainerGroup:
         t0 = time.perf_counter()
         extra = {} if bucket_bytes is None else {"bucket_bytes": bucket_bytes}
         manifest = self._call_all("hold_weights", version, dtype, backend, **extra)[0]
-        logger.info("trainer group: v%d held for broadcast (%d tensors, %.1f MiB) in %.3fs", version,
+        logger.debug("trainer group: v%d held for broadcast (%d tensors, %.1f MiB) in %.3fs", version,
                     manifest.num_tensors, manifest.total_bytes / 2**20, time.perf_counter() - t0)
         return manifest
 

@@ -142,7 +142,7 @@ class WeightRegistry:
             self._versions[version] = entry
             for old in sorted(self._versions)[: -self._keep]:
                 del self._versions[old]
-        logger.info("weights: published version %d (%d tensors, %d buckets, %.1f MiB, %s)", version,
+        logger.debug("weights: published version %d (%d tensors, %d buckets, %.1f MiB, %s)", version,
                     manifest.num_tensors, len(manifest.bucket_sizes) or len(bucket_refs),
                     manifest.total_bytes / 2**20, "broadcast" if sender is not None else "object store")
         return entry
