@@ -35,16 +35,21 @@ TINY_RUN_SCRIPT = "examples/elastic_rollout/run-tiny-cpu-elastic-async.sh"
 TINY_AUTOSCALER = "examples/elastic_rollout/autoscaler-tiny.yaml"
 CHAT_PROMPT = "<|im_start|>user\nWhat is 3 + 4?<|im_end|>\n<|im_start|>assistant\n"
 
-# A bounded burst (count and time) on loopback; runs in its own process so the caller keeps polling.
+# A bounded load on loopback: waves of 400 requests per engine (200 in flight) until BURST_SECONDS have passed,
+# so the queue holds for as long as the autoscaler's condition needs however fast the engines are (one wave
+# takes ~5 s on a quiet 2-core machine, ~3x that under load). Its own process, so the caller keeps polling.
+BURST_SECONDS = 45.0
 BURST_SCRIPT = """
-import asyncio, os, sys
+import asyncio, os, sys, time
 from relax.engines.launcher import ENGINE_API_KEY_ENV
 from relax.engines.loadgen import run_burst
-prompt = sys.argv[1]
+prompt, seconds = sys.argv[1], float(sys.argv[2])
 token = os.environ.get(ENGINE_API_KEY_ENV) or None
 async def main():
-    await asyncio.gather(*(run_burst(u, prompt, requests=400, concurrency=200, max_new_tokens=200, token=token)
-                           for u in sys.argv[2:]))
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        await asyncio.gather(*(run_burst(u, prompt, requests=400, concurrency=200, max_new_tokens=200, token=token)
+                               for u in sys.argv[3:]))
 asyncio.run(main())
 """
 
@@ -128,10 +133,10 @@ def submit_tiny_job(env: dict[str, str]) -> str:
     return next(line.split()[2] for line in result.stdout.splitlines() if line.startswith("ray-job.sh: submitting"))
 
 
-def start_burst(urls: list[str], token: str | None = None) -> subprocess.Popen[bytes]:
+def start_burst(urls: list[str], token: str | None = None, seconds: float = BURST_SECONDS) -> subprocess.Popen[bytes]:
     """The load generator, in its own process; ``token``: the engines' secret (the run's RELAX_ENGINE_API_KEY)."""
     env = {**os.environ, ENGINE_API_KEY_ENV: token or ""}
-    return subprocess.Popen([sys.executable, "-c", BURST_SCRIPT, CHAT_PROMPT, *urls], env=env)
+    return subprocess.Popen([sys.executable, "-c", BURST_SCRIPT, CHAT_PROMPT, str(seconds), *urls], env=env)
 
 
 DEMO_NUM_ROLLOUT = 5000  # an upper bound: the demo ends the run itself once the checks are done
@@ -199,7 +204,7 @@ def _run_elastic_demo(workdir: Path, *, num_rollout: int, console: Console) -> i
         wait_until(lambda: running() and len(api.active()) == 2 and api.training_step() >= 3, 300,
                    "training on 2 engines")
         show("check 1: training advances on the initial engines")
-        console.print("[bold]4. load[/]: a bounded burst of 800 requests on the engines (loopback)")
+        console.print(f"[bold]4. load[/]: {BURST_SECONDS:.0f} s of request bursts on the engines (loopback)")
         began = time.monotonic()
         burst = start_burst([e["url"] for e in api.active()], token=env[ENGINE_API_KEY_ENV])
         try:
