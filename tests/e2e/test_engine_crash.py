@@ -18,8 +18,10 @@ import signal
 import subprocess
 from pathlib import Path
 
+import httpx
 import psutil
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from relax.cluster.network import free_port
 from relax.demo.elastic import RunApi, wait_until
@@ -29,6 +31,13 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 MAX_NEW_TOKENS = 96
 BATCH, N = 4, 4
+
+
+def batch(engine: httpx.Client) -> tuple[int, int]:
+    """(requests running, tokens they hold: prompts + outputs), from the engine's open ``/metrics``."""
+    text = engine.get("/metrics").text
+    values = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    return int(values["sglang:num_running_reqs"]), int(values["sglang:num_used_tokens"])
 
 
 def server_pid(driver_pid: int, url: str) -> int:
@@ -59,10 +68,15 @@ def test_an_engine_killed_mid_generation_loses_no_sample_and_keeps_its_tokens(ti
         wait_until(lambda: driver.poll() is None and api.training_step() >= 1, 420, "training to start")
         victim = next(e for e in api.active() if e["engine_id"] == "engine_1")
         pid = server_pid(driver.pid, victim["url"])
-        # mid-generation: requests on the victim (a step's 16 requests take ~1 s to generate on it)
-        wait_until(lambda: next(e["in_flight"] for e in api.engines() if e["engine_id"] == "engine_1") >= 2, 120,
-                   "requests in flight on engine_1")
+        # mid-generation: a step's requests take a fraction of a second on the tiny model, so the victim's load
+        # is watched closely (its /metrics is open) and it is killed once at least 2 requests run and they hold
+        # 64 tokens each on average: prompts are under 40 tokens, so each is past its first chunks of 8
+        engine = httpx.Client(base_url=victim["url"], timeout=10, trust_env=False)
+        wait_until(lambda: (load := batch(engine))[0] >= 2 and load[1] >= 64 * load[0], 120,
+                   "engine_1 half-way through requests", poll_s=0.002)
+        engine.close()
         os.killpg(pid, signal.SIGKILL)
+        engine.close()
         driver.wait(timeout=300)
     finally:
         if driver.poll() is None:
