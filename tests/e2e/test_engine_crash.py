@@ -31,6 +31,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 MAX_NEW_TOKENS = 96
 BATCH, N = 4, 4
+ENGINE_KEY = "crash-e2e-engine-key"
 
 
 def batch(engine: httpx.Client) -> tuple[int, int]:
@@ -62,18 +63,29 @@ def test_an_engine_killed_mid_generation_loses_no_sample_and_keeps_its_tokens(ti
     argv = train_argv(tiny_preset, out, num_rollout=12, max_staleness=1, trainer_gpus=1, grpo=grpo,
                       extra=("--api-port", str(port), "--record-samples"))
     log_path = tmp_path / "driver.log"
+    env = {**os.environ, "RELAX_ENGINE_API_KEY": ENGINE_KEY}  # the engines' secret: the test freezes one
     with log_path.open("w") as log:
-        driver = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        driver = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     try:
         wait_until(lambda: driver.poll() is None and api.training_step() >= 1, 420, "training to start")
         victim = next(e for e in api.active() if e["engine_id"] == "engine_1")
         pid = server_pid(driver.pid, victim["url"])
         # mid-generation: a step's requests take a fraction of a second on the tiny model, so the victim's load
-        # is watched closely (its /metrics is open) and it is killed once at least 2 requests run and they hold
-        # 64 tokens each on average: prompts are under 40 tokens, so each is past its first chunks of 8
-        engine = httpx.Client(base_url=victim["url"], timeout=10, trust_env=False)
-        wait_until(lambda: (load := batch(engine))[0] >= 2 and load[1] >= 64 * load[0], 120,
-                   "engine_1 half-way through requests", poll_s=0.002)
+        # is watched closely (its /metrics is open); once at least 2 requests run holding 64 tokens each on
+        # average (past their first chunks of 8), it is frozen in place and, if they are still there, killed
+        engine = httpx.Client(base_url=victim["url"], headers={"Authorization": f"Bearer {ENGINE_KEY}"},
+                              timeout=10, trust_env=False)
+
+        def frozen_mid_generation() -> bool:
+            wait_until(lambda: (load := batch(engine))[0] >= 2 and load[1] >= 64 * load[0], 120,
+                       "engine_1 part-way through requests", poll_s=0.002)
+            engine.post("/pause_generation", json={"mode": "in_place"})
+            if batch(engine)[0] >= 1:
+                return True
+            engine.post("/continue_generation")  # they finished meanwhile: the next step's
+            return False
+
+        wait_until(frozen_mid_generation, 240, "engine_1 frozen with requests running", poll_s=0.0)
         engine.close()
         os.killpg(pid, signal.SIGKILL)
         engine.close()
