@@ -39,7 +39,7 @@ def _cmd_engine_serve(args: argparse.Namespace) -> int:
 
     from relax.engines.builtin.model_impl import ModelImpl
     from relax.engines.builtin.server import ServerArgs, serve
-    from relax.engines.launcher import ENGINE_API_KEY_ENV
+    from relax.engines.launcher import ENGINE_ADMIN_API_KEY_ENV, ENGINE_API_KEY_ENV
 
     model = Path(args.model_path)
     if not (model / "config.json").is_file():
@@ -52,6 +52,7 @@ def _cmd_engine_serve(args: argparse.Namespace) -> int:
         num_threads=args.num_threads, seed=args.seed, served_model_name=args.served_model_name,
         log_level=args.log_level, model_impl=ModelImpl(args.model_impl),
         api_key=args.api_key or os.environ.get(ENGINE_API_KEY_ENV) or None, stream_interval=args.stream_interval,
+        admin_api_key=args.admin_api_key or os.environ.get(ENGINE_ADMIN_API_KEY_ENV) or None,
     ))
 
 
@@ -100,6 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--api-key", default=None,
                        help="SGLang's --api-key: control and generation routes need 'Authorization: Bearer KEY' "
                             "(/health and /metrics stay open); RELAX_ENGINE_API_KEY keeps it out of argv")
+    serve.add_argument("--admin-api-key", default=None,
+                       help="SGLang's --admin-api-key: then only this key opens the control routes (pause, weight "
+                            "updates, abort, flush) and the --api-key opens generation only; "
+                            "RELAX_ENGINE_ADMIN_API_KEY keeps it out of argv")
     serve.set_defaults(func=_cmd_engine_serve)
 
     from relax.autoscaler.cli import add_autoscaler_parser

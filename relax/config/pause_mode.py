@@ -23,3 +23,15 @@ class PauseMode(str, Enum):
     def pauses(self) -> bool:
         """Whether this mode calls ``/pause_generation`` (every mode but ``none``)."""
         return self is not PauseMode.NONE
+
+    @property
+    def flushes_cache(self) -> bool:
+        """Whether a weight update in this mode asks the engine to flush its prefix cache.
+
+        Not ``in_place``: its requests stay in the running batch, and SGLang refuses a flush while any request
+        runs or waits — it loads the weights, then answers 400 ("Weights were updated, but the cache was not
+        flushed because requests are still running or queued", measured on 0.5.23), which reads as a failed
+        update. So in ``in_place`` the prefix cache keeps entries computed on older weights, as the running
+        requests keep their own KV cache: the mode's trade-off, named in docs/training.md.
+        """
+        return self is not PauseMode.IN_PLACE

@@ -33,7 +33,6 @@ import logging
 import os
 import shutil
 import signal
-import sys
 import tempfile
 import threading
 import time
@@ -46,21 +45,20 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from relax.cluster.network import LOCALHOST, free_port, node_ip
 from relax.config.pause_mode import PauseMode
+from relax.engines.backends import Prepared, cuda_available, engine_backend
 from relax.engines.client import EngineClient, PauseWindow
 from relax.engines.launcher import (
     BuiltinOptions,
     LaunchSpec,
     ServerLaunchError,
     ServerProcess,
-    builtin_spec,
 )
-from relax.engines.sglang import SGLangOptions, check_sglang_version, sglang_spec
+from relax.engines.sglang import SGLangOptions
 from relax.engines.weight_load import CONTROL_TIMEOUT_S, load_from_disk
 from relax.logs import setup_logging
 
 logger = logging.getLogger(__name__)
 
-BACKENDS = ("builtin", "sglang")
 EvictionCallback = Callable[[str], Any] | tuple[Any, str]
 
 DEFAULT_STARTUP_TIMEOUT_S = 600.0
@@ -86,9 +84,10 @@ def copy_checkpoint_extras(src_dir: str | Path, dst_dir: str | Path) -> list[str
     return copied
 
 
-async def _load_into(url: str, token: str | None, out_dir: Path, version: int, mode: PauseMode,
+async def _load_into(url: str, options: Any, out_dir: Path, version: int, mode: PauseMode,
                      nbytes: int) -> PauseWindow:
-    async with EngineClient(url, timeout=CONTROL_TIMEOUT_S, token=token) as client:
+    async with EngineClient(url, timeout=CONTROL_TIMEOUT_S, token=getattr(options, "api_key", None),
+                            admin_token=getattr(options, "admin_api_key", None)) as client:
         return await load_from_disk(client, out_dir, version, mode, nbytes=nbytes)
 
 
@@ -105,35 +104,12 @@ def build_launch_spec(
     env: Mapping[str, str] | None = None,
     nccl_port: int | None = None,
 ) -> LaunchSpec:
-    """Dispatch to the backend's pure command builder."""
-    if backend == "builtin":
-        if options is not None and not isinstance(options, BuiltinOptions):
-            raise TypeError(f"builtin backend takes BuiltinOptions, got {type(options).__name__}")
-        return builtin_spec(
-            model_path,
-            host,
-            port,
-            log_path,
-            weight_version=weight_version,
-            options=options,
-            env=env,
-            name=engine_id,
-        )
-    if backend == "sglang":
-        if options is not None and not isinstance(options, SGLangOptions):
-            raise TypeError(f"sglang backend takes SGLangOptions, got {type(options).__name__}")
-        return sglang_spec(
-            model_path,
-            host,
-            port,
-            log_path,
-            weight_version=weight_version,
-            options=options,
-            nccl_port=nccl_port,
-            env=env,
-            name=engine_id,
-        )
-    raise ValueError(f"unknown engine backend {backend!r}; expected one of {', '.join(BACKENDS)}")
+    """The backend adapter's pure command builder (``relax.engines.backends``)."""
+    adapter = engine_backend(backend)
+    if options is not None and not isinstance(options, adapter.options_type):
+        raise TypeError(f"{backend} backend takes {adapter.options_type.__name__}, got {type(options).__name__}")
+    return adapter.launch_spec(engine_id, model_path, host, port, log_path, weight_version=weight_version,
+                               options=options, env=env or {}, nccl_port=nccl_port)
 
 
 def resolve_host(host: str) -> str:
@@ -163,8 +139,7 @@ class EngineActor:
         env: Mapping[str, str] | None = None,
         on_eviction: EvictionCallback | None = None,
     ) -> None:
-        if backend not in BACKENDS:
-            raise ValueError(f"unknown engine backend {backend!r}; expected one of {', '.join(BACKENDS)}")
+        engine_backend(backend)  # an unknown name fails here, in one line
         if on_eviction is not None and not _valid_callback(on_eviction):
             raise TypeError("on_eviction must be a callable or an (actor_handle, method_name) pair")
         setup_logging()
@@ -180,6 +155,7 @@ class EngineActor:
         self.env = dict(env or {})
         self._on_eviction = on_eviction
         self._server: ServerProcess | None = None
+        self._prepared: Prepared | None = None  # the backend's options and env on this node (relax.engines.backends)
         self._info: dict[str, Any] | None = None
         self._lock = threading.Lock()  # guards _server / _shutting_down against shutdown()
         self._start_lock = threading.Lock()  # one start at a time
@@ -206,10 +182,11 @@ class EngineActor:
             if self._shutting_down:
                 raise RuntimeError(f"{self.engine_id}: start after shutdown")
             began = time.monotonic()
-            if self.backend == "sglang":  # one clear line before anything starts, not a server that never comes up
-                python = getattr(self.options, "python", None) or sys.executable
-                found = check_sglang_version(python, env=self.env)  # the server's interpreter and environment
-                logger.info("%s: SGLang %s (%s)", self.engine_id, found, python)
+            # on this node: SGLang's version (one clear line, not a server that never comes up), its CPU platform
+            self._prepared = engine_backend(self.backend).prepare(self.options, self.model_path, self.env,
+                                                                  cuda=cuda_available())
+            if self._prepared.summary:
+                logger.info("%s: %s", self.engine_id, self._prepared.summary)
             if initial_weights is not None:
                 self._prepare_start_from(*initial_weights)
             server, healthy_after = self._launch_until_healthy(resolve_host(self.host))
@@ -227,6 +204,7 @@ class EngineActor:
                 "weight_version": int(self.weight_version or 0),
                 "model_path": self._serve_path,
                 "healthy_after_s": round(healthy_after, 3),
+                "platform": self._prepared.summary,
             }
             self._info = info
         logger.info("%s: ready url=%s node=%s pid=%s", self.engine_id, info["url"], info["node_id"], info["pid"])
@@ -239,7 +217,7 @@ class EngineActor:
             try:
                 return server, server.wait_healthy(self.startup_timeout_s)
             except ServerLaunchError as exc:
-                server.stop(grace_s=5.0)
+                server.stop()
                 if self._shutting_down:
                     raise RuntimeError(f"{self.engine_id}: shut down while starting") from exc
                 if attempt < _PORT_RETRIES and exc.port_was_taken:
@@ -248,14 +226,15 @@ class EngineActor:
                 logger.error("%s: launch failed (exit code %s)", self.engine_id, exc.exit_code)
                 raise
             except BaseException:
-                server.stop(grace_s=5.0)  # never leave a half-started server behind
+                server.stop()  # never leave a half-started server behind
                 raise
         raise AssertionError("unreachable")
 
     def _launch(self, host: str) -> ServerProcess:
         port = free_port(host)
-        nccl_port = free_port(host) if self.backend == "sglang" else None
+        nccl_port = free_port(host) if engine_backend(self.backend).needs_nccl_port else None
         log_path = str(Path(self.log_dir) / f"{self.engine_id}-{port}.log")
+        prepared = self._prepared or Prepared(self.options, dict(self.env))
         spec = build_launch_spec(
             self.backend,
             self.engine_id,
@@ -264,8 +243,8 @@ class EngineActor:
             port,
             log_path,
             weight_version=self.weight_version,
-            options=self.options,
-            env=self.env,
+            options=prepared.options,
+            env=prepared.env,
             nccl_port=nccl_port,
         )
         server = ServerProcess(spec)
@@ -276,8 +255,8 @@ class EngineActor:
             server.start()
         return server
 
-    def shutdown(self, grace_s: float = 10.0) -> int | None:
-        """Stop the server's process group (SIGTERM, then SIGKILL after ``grace_s``); idempotent.
+    def shutdown(self, grace_s: float | None = None) -> int | None:
+        """Stop the server (its own graceful shutdown, then SIGKILL after ``grace_s``); idempotent.
 
         Returns the server's exit code (None if it was never started). The actor itself stays up so the
         caller can still read ``log_tail``; ``ray.kill`` it afterwards.
@@ -290,6 +269,8 @@ class EngineActor:
         code = server.stop(grace_s)
         logger.info("%s: shut down, server exit code %s", self.engine_id, code)
         self._drop_scratch()
+        if self._prepared is not None:
+            self._prepared.release()
         return code
 
     def _drop_scratch(self) -> None:
@@ -311,7 +292,7 @@ class EngineActor:
         server = getattr(self, "_server", None)
         if server is not None and server.alive:
             with contextlib.suppress(Exception):  # best effort, possibly during interpreter teardown
-                server.stop(grace_s=5.0)
+                server.stop()
 
     # -- queries ----------------------------------------------------------------------------------
 
@@ -340,8 +321,7 @@ class EngineActor:
         written = time.monotonic()
         # asyncio.run on this pool thread: the actor stays a threaded one (an async method would make Ray run
         # every method on one event loop, behind a load)
-        window = asyncio.run(_load_into(self._server.url, getattr(self.options, "api_key", None), out_dir, version,
-                                        mode, nbytes))
+        window = asyncio.run(_load_into(self._server.url, self.options, out_dir, version, mode, nbytes))
         loaded = time.monotonic()
         cleanup_old(root, keep=1)
         self.weight_version = version

@@ -26,6 +26,7 @@ import aiohttp
 
 from relax.config.pause_mode import PauseMode
 from relax.engines.event_stream import EventStream, StreamError
+from relax.engines.keys import is_admin_route
 
 # Status codes that mean "this engine cannot serve right now", not "your request is wrong".
 _UNAVAILABLE_STATUS = frozenset({502, 503, 504})
@@ -192,7 +193,9 @@ class EngineClient:
     ``timeout`` (seconds) applies to every call unless the call passes its own ``timeout=`` (``None``
     there means no limit): a long generation legitimately outlives a health probe's patience. It bounds
     connecting (waiting for a pooled connection included) and each wait for bytes, not the whole exchange.
-    ``token`` is sent as ``Authorization: Bearer`` (SGLang's ``--api-key``). Proxy environment variables
+    ``token`` is sent as ``Authorization: Bearer`` (SGLang's ``--api-key``) on generation routes and
+    ``admin_token`` (its ``--admin-api-key``) on control routes (``relax.engines.keys.ADMIN_ROUTES``; the
+    token there when there is no admin token). Proxy environment variables
     are ignored: engines are cluster-internal, and an ``HTTP_PROXY`` meant for the internet must not
     swallow traffic to 10.x addresses.
 
@@ -207,6 +210,7 @@ class EngineClient:
         *,
         timeout: float = 60.0,
         token: str | None = None,
+        admin_token: str | None = None,
         max_connections: int = 1024,
         keepalive_s: float = KEEPALIVE_S,
     ) -> None:
@@ -217,6 +221,8 @@ class EngineClient:
         if not keepalive_s > 0:
             raise ValueError(f"keepalive_s must be a positive number of seconds, got {keepalive_s!r}")
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        admin = admin_token or token
+        self._admin_headers = {"Authorization": f"Bearer {admin}"} if admin else {}
         # Many concurrent generations per engine is the normal case; a small pool would turn queueing on
         # our side into timeouts that look like an unavailable engine.
         self._max_connections = max_connections
@@ -273,7 +279,9 @@ class EngineClient:
         """
         limit = self._timeout(self.timeout if timeout is _UNSET else timeout)
         try:
-            async with self._http().request(method, self.base_url + endpoint, json=payload, timeout=limit) as answer:
+            headers = self._admin_headers if is_admin_route(endpoint) else None
+            async with self._http().request(method, self.base_url + endpoint, json=payload, timeout=limit,
+                                            headers=headers) as answer:
                 response = Response(answer.status, answer.reason or "", await answer.read())
         except TimeoutError as exc:
             raise EngineUnavailable(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -24,6 +25,7 @@ from pathlib import Path
 import httpx
 
 from relax.engines.guard import describe_exit
+from relax.engines.shm_leftovers import ShmLedger, group_pids
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +33,8 @@ DEFAULT_HEALTH_PATH = "/health_generate"
 #: The built-in engine reads its key here (not from argv, so `ps` does not show it); users set it to choose
 #: the run's engine secret themselves (relax.engines.sglang.engine_secret).
 ENGINE_API_KEY_ENV = "RELAX_ENGINE_API_KEY"
+#: The built-in engine's admin key (SGLang's ``--admin-api-key``), also from the environment only.
+ENGINE_ADMIN_API_KEY_ENV = "RELAX_ENGINE_ADMIN_API_KEY"
 # Lines of the server log quoted in launch errors: enough for a Python traceback, short enough to read.
 LOG_TAIL_LINES = 40
 _TAIL_BYTES = 64 * 1024
@@ -58,6 +62,13 @@ class LaunchSpec:
     name: str = "engine"
     cwd: str | None = None
     token: str | None = field(default=None, repr=False)
+    #: Files written (mode 0600) before the server starts and removed after it stops: path -> text. How a
+    #: server gets its keys without them in argv (SGLang's ``--config`` YAML).
+    secret_files: Mapping[str, str] = field(default_factory=dict, repr=False)
+    #: Name fragments of ``/dev/shm`` files that belong to this server (relax.engines.shm_leftovers).
+    shm_tags: tuple[str, ...] = ()
+    #: How long a stop waits for the server's own graceful shutdown before it is killed.
+    stop_grace_s: float = 10.0
 
     def __repr__(self) -> str:
         return (f"LaunchSpec(name={self.name!r}, argv={format_argv(self.argv)!r}, host={self.host!r}, "
@@ -72,6 +83,8 @@ class LaunchSpec:
             raise ValueError(f"LaunchSpec.health_path must start with '/', got {self.health_path!r}")
         object.__setattr__(self, "argv", tuple(str(a) for a in self.argv))
         object.__setattr__(self, "env", {str(k): str(v) for k, v in self.env.items()})
+        object.__setattr__(self, "secret_files", {str(k): str(v) for k, v in self.secret_files.items()})
+        object.__setattr__(self, "shm_tags", tuple(self.shm_tags))
 
     @property
     def url(self) -> str:
@@ -121,6 +134,25 @@ def _rebuild_launch_error(
     message: str, name: str, exit_code: int | None, log_path: str, log_tail: str
 ) -> ServerLaunchError:
     return ServerLaunchError(message, name=name, exit_code=exit_code, log_path=log_path, log_tail=log_tail)
+
+
+#: Lines that say an error in a server log (a Python exception's last line, SGLang's and uvicorn's error lines).
+_ERROR_LINE = re.compile(r"^\s*(?:[\w.]+(?:Error|Exception|Exit|Interrupt)\b:?|.*\b(?:Error|ERROR|FATAL|Fatal)\b[:\]])")
+#: Lines that look like errors and are not: SGLang's optional-model import notices, warnings.
+_NOT_AN_ERROR = re.compile(r"Ignore import error|Warning|warnings\.warn|^\s*(?:File |\^)")
+
+
+def last_error_line(log_tail: str) -> str | None:
+    """The server's own last error line in ``log_tail`` (``RuntimeError: invalid head_size 16``), or None.
+
+    A server that dies before it is healthy is reported with this line rather than a guess from its exit code:
+    SGLang kills its own process tree with SIGKILL after an error in warm-up, which looks like the OOM killer.
+    """
+    for line in reversed(log_tail.splitlines()):
+        text = line.strip()
+        if text and _ERROR_LINE.match(text) and not _NOT_AN_ERROR.search(text):
+            return text if len(text) <= 300 else text[:297] + "..."
+    return None
 
 
 def read_log_tail(path: str | os.PathLike[str], lines: int = LOG_TAIL_LINES) -> str:
@@ -181,6 +213,7 @@ class ServerProcess:
         self._proc: subprocess.Popen[bytes] | None = None
         self._lock = threading.Lock()
         self._started_at: float | None = None
+        self._ledger = ShmLedger(tags=spec.shm_tags)
 
     def __repr__(self) -> str:
         return f"ServerProcess({self.spec.name!r}, url={self.url!r}, pid={self.pid})"
@@ -211,11 +244,15 @@ class ServerProcess:
                 raise RuntimeError(f"{self.spec.name}: server already started (pid {self._proc.pid})")
             log_path = Path(self.spec.log_path)
             log_path.parent.mkdir(parents=True, exist_ok=True)
+            for path, text in self.spec.secret_files.items():
+                write_private(path, text)
             env = {**os.environ, **self.spec.env}
             cwd, why = working_directory(self.spec.cwd, str(log_path.parent))
             if why:
                 logger.warning("%s: %s", self.spec.name, why)
-            with open(log_path, "ab") as log:
+            # 0600: a server log may quote its keys (SGLang prints its server_args at start)
+            with os.fdopen(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:
+                os.fchmod(log.fileno(), 0o600)
                 self._proc = subprocess.Popen(
                     guarded(self.spec.argv),
                     stdin=subprocess.DEVNULL,
@@ -254,13 +291,16 @@ class ServerProcess:
             while True:
                 code = self._proc.poll()
                 if code is not None:
-                    raise self._launch_error(f"{describe_exit(code)} before it became healthy", code)
+                    raise self._launch_error("{exit} before it became healthy", code)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise self._launch_error(f"not healthy after {timeout:.0f}s (last probe: {last_problem})", None)
+                if not self._ledger.pids:  # the group's processes and shared memory, for the sweep at stop
+                    self._ledger.note(self._proc.pid)
                 try:
                     response = http.get(url, timeout=max(0.1, min(remaining, _MAX_PROBE_S)))
                     if response.status_code == 200:
+                        self._ledger.note(self._proc.pid)
                         took = time.monotonic() - began
                         logger.info("%s: healthy at %s after %.1fs", self.spec.name, self.url, took)
                         return took
@@ -272,7 +312,15 @@ class ServerProcess:
                     self._proc.wait(timeout=max(0.0, min(poll_interval, deadline - time.monotonic())))
 
     def _launch_error(self, what: str, exit_code: int | None) -> ServerLaunchError:
+        """The error of a failed start; its first line names the server's own last error, when its log has one."""
         tail = self.log_tail()
+        said = last_error_line(tail)
+        if exit_code is not None:
+            # with the server's own error in hand, the exit code is not guessed at ("out of memory?")
+            exit_text = describe_exit(exit_code).split(" — ", 1)[0] if said else describe_exit(exit_code)
+            what = what.format(exit=exit_text)
+        if said:
+            what += f": {said}"
         message = (
             f"{self.spec.name}: server {what}; url={self.url} log={self.spec.log_path}\n"
             f"--- last {LOG_TAIL_LINES} lines of the server log ---\n{tail or '(log is empty)'}"
@@ -281,29 +329,53 @@ class ServerProcess:
             message, name=self.spec.name, exit_code=exit_code, log_path=self.spec.log_path, log_tail=tail
         )
 
-    def stop(self, grace_s: float = 10.0) -> int | None:
-        """SIGTERM the process group, wait up to ``grace_s``, then SIGKILL; returns the exit code.
+    def stop(self, grace_s: float | None = None) -> int | None:
+        """Ask the server to shut down (SIGTERM to it alone), wait up to ``grace_s``, then SIGKILL its group.
 
-        Idempotent: a stopped (or never started) server returns its exit code (or None) again.
+        The signal goes to the server only (through the guard, which forwards it), never to its whole process
+        group: SGLang's main process drains and stops its scheduler and detokenizer itself, while a scheduler
+        that receives SIGTERM directly dies, and its parent then reads a crash (5 s of "crash diagnostics",
+        then SIGKILL). ``grace_s`` defaults to the spec's ``stop_grace_s``. Afterwards the shared memory the
+        server's processes made is removed. Idempotent: a stopped (or never started) server returns its exit
+        code (or None) again.
         """
+        grace_s = self.spec.stop_grace_s if grace_s is None else grace_s
         with self._lock:
             proc = self._proc
             if proc is None:
                 return None
             if proc.poll() is None:
-                self._signal_group(signal.SIGTERM)
+                self._ledger.note(proc.pid)
+                began = time.monotonic()
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signal.SIGTERM)
                 try:
                     proc.wait(timeout=max(0.0, grace_s))
+                    logger.info("%s: server pid=%d stopped in %.1fs, exit code %s", self.spec.name, proc.pid,
+                                time.monotonic() - began, proc.returncode)
                 except subprocess.TimeoutExpired:
-                    logger.warning(
-                        "%s: server pid=%d ignored SIGTERM for %.1fs; killing", self.spec.name, proc.pid, grace_s
-                    )
+                    logger.warning("%s: server pid=%d still running %.1fs after SIGTERM; killing", self.spec.name,
+                                   proc.pid, grace_s)
                     self._signal_group(signal.SIGKILL)
                     proc.wait()
-                logger.info("%s: server pid=%d stopped, exit code %s", self.spec.name, proc.pid, proc.returncode)
             # Children the server forked may outlive it; they share its process group.
             self._signal_group(signal.SIGKILL)
+            self._wait_group_gone()
+            removed = self._ledger.sweep()
+            if removed:
+                logger.info("%s: removed %d shared-memory file(s) the server left: %s", self.spec.name,
+                            len(removed), ", ".join(sorted(removed)))
+            for path in self.spec.secret_files:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
             return proc.returncode
+
+    def _wait_group_gone(self, timeout_s: float = 5.0) -> None:
+        """Until no process of the server's group is left (a SIGKILLed process still unmaps its memory)."""
+        assert self._proc is not None
+        deadline = time.monotonic() + timeout_s
+        while group_pids(self._proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.02)  # no event tells a process outside our children has gone; the poll is bounded
 
     def _signal_group(self, sig: signal.Signals) -> None:
         assert self._proc is not None
@@ -324,7 +396,9 @@ class BuiltinOptions:
     model_impl: str | None = None
     """``auto`` (the default), ``native`` or ``transformers``: see ``relax engine serve --help``."""
     api_key: str | None = field(default=None, repr=False)
-    """The engine's secret (SGLang's ``--api-key``); passed in the environment, never in argv."""
+    """The engine's generation key (SGLang's ``--api-key``); passed in the environment, never in argv."""
+    admin_api_key: str | None = field(default=None, repr=False)
+    """The engine's control key (SGLang's ``--admin-api-key``); in the environment too."""
 
 
 def builtin_command(
@@ -398,8 +472,19 @@ def builtin_spec(
     merged_env.update(env or {})
     if options.api_key:
         merged_env[ENGINE_API_KEY_ENV] = options.api_key
+    if options.admin_api_key:
+        merged_env[ENGINE_ADMIN_API_KEY_ENV] = options.admin_api_key
     return LaunchSpec(argv=tuple(argv), host=host, port=int(port), log_path=str(log_path), env=merged_env, name=name,
                       token=options.api_key)
+
+
+def write_private(path: str | os.PathLike[str], text: str) -> None:
+    """Write ``text`` to ``path`` readable by this user only (0600 from creation, never a moment wider)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        os.fchmod(fh.fileno(), 0o600)
+        fh.write(text)
 
 
 def format_argv(argv: Sequence[str]) -> str:

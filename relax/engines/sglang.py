@@ -13,6 +13,7 @@ instead of a traceback from inside SGLang (``docs/install.md``).
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import subprocess
@@ -64,12 +65,17 @@ _MANAGED_FLAGS: dict[str, str] = {
     "--weight-version": "weight_version",
     "--nccl-port": "nccl_port",
     "--api-key": "api_key",
+    "--admin-api-key": "admin_api_key",
+    "--config": "config_path",  # the engine's private keys file; other flags go as --sglang-* (or extra_args)
     "--max-running-requests": "max_running_requests",
     "--random-seed": "random_seed",
 }
 #: The three ways out when an engine's interpreter cannot run SGLang (each error message ends with them).
 _FIXES = (f"install it into that interpreter (pip install 'sglang=={VERIFIED_SGLANG}'), or pass --sglang-python PATH "
           "(a Python that has it, e.g. SGLang's own environment), or pass --rollout-backend builtin")
+#: How long a stop waits for SGLang's own shutdown: its SIGTERM watchdog looks every 5 s, drains, then stops
+#: its scheduler (measured on CPU: 2-5 s idle).
+SGLANG_STOP_GRACE_S = 15.0
 # Seeds go to numpy's ``np.random.seed`` inside SGLang, which accepts 0 .. 2**32 - 1 only.
 _MAX_SEED = 2**32 - 1
 
@@ -82,18 +88,22 @@ class SGLangVersionError(ValueError):
 class SGLangOptions:
     """Per-engine SGLang settings that are not about where the engine runs.
 
-    ``api_key`` is left out of ``repr`` so that logging the options (or a Ray error quoting them) does not
-    print the key; prefer :func:`api_key_from_env` to putting it in a config file.
+    ``api_key`` (SGLang's generation key) and ``admin_api_key`` (its control key) are left out of ``repr`` so
+    that logging the options (or a Ray error quoting them) does not print them. They reach the server through
+    a 0600 ``--config`` file, never its argv.
     """
 
     tp_size: int = 1
     mem_fraction_static: float | None = None
     trust_remote_code: bool = False
     api_key: str | None = field(default=None, repr=False)
+    admin_api_key: str | None = field(default=None, repr=False)
     extra_args: tuple[str, ...] = ()
     python: str | None = None  # interpreter with sglang installed; default: this one
     max_running_requests: int | None = None
     random_seed: int | None = None
+    #: On a node without CUDA: how many engines share its cores (each binds its threads to its own share).
+    cpu_engines_per_node: int = 1
 
     def __post_init__(self) -> None:
         # Checked here as well as in sglang_command so a bad value fails where the options are made
@@ -122,12 +132,13 @@ def external_engine_key(environ: Mapping[str, str] = os.environ) -> str | None:
     return value.strip() if value is not None and value.strip() else None
 
 
-def engine_secret(environ: Mapping[str, str] = os.environ) -> str:
-    """The run's engine secret: the user's key if one is set (external engines, or a script that calls the
-    engines itself), else a fresh random one that only this run's manager holds."""
+def engine_secret() -> str:
+    """The run's engine secret: a fresh random one that only this run's manager holds. Every engine's keys are
+    derived from it (``relax.engines.keys``); a user's key (:func:`api_key_from_env`, for scripts that call the
+    engines themselves) becomes the engines' generation key, never their admin key."""
     import secrets
 
-    return api_key_from_env(environ) or secrets.token_urlsafe(32)
+    return secrets.token_urlsafe(32)
 
 
 def parse_extra_args(extra_args: str | Sequence[str] | None) -> list[str]:
@@ -214,7 +225,7 @@ def sglang_command(
     *,
     trust_remote_code: bool = False,
     nccl_port: int | None = None,
-    api_key: str | None = None,
+    config_path: str | None = None,
     enable_metrics: bool = True,
     max_running_requests: int | None = None,
     random_seed: int | None = None,
@@ -224,8 +235,9 @@ def sglang_command(
 
     ``--enable-metrics`` is on by default because the autoscaler reads ``/metrics``, which SGLang only
     serves with that flag. ``nccl_port`` lets the caller hand out a port it knows is free: several
-    engines on one node otherwise pick theirs at random and can collide. The argv carries ``api_key`` in
-    clear (SGLang reads it from there); whoever logs it must use ``launcher.format_argv``, which masks it.
+    engines on one node otherwise pick theirs at random and can collide. Keys never appear here:
+    ``config_path`` names the private YAML file that holds them (:func:`keys_config`), which any local user
+    could otherwise read from ``ps``.
     The SGLang version is not checked here (commands are built where SGLang is not installed); the engine
     actor calls :func:`check_sglang_version` before starting the server.
     """
@@ -261,9 +273,16 @@ def sglang_command(
         argv += ["--random-seed", str(random_seed)]
     if trust_remote_code and "--trust-remote-code" not in extra:
         argv.append("--trust-remote-code")
-    if api_key:
-        argv += ["--api-key", api_key]
+    if config_path:
+        argv += ["--config", str(config_path)]
     return argv + extra
+
+
+def keys_config(api_key: str | None, admin_api_key: str | None) -> str:
+    """The ``--config`` YAML that gives an SGLang server its keys (SGLang merges it into its flags)."""
+    lines = [f"{name}: {json.dumps(value)}" for name, value in (("api-key", api_key), ("admin-api-key", admin_api_key))
+             if value]
+    return "\n".join(lines) + "\n"
 
 
 def sglang_spec(
@@ -278,8 +297,14 @@ def sglang_spec(
     env: Mapping[str, str] | None = None,
     name: str = "engine",
 ) -> LaunchSpec:
-    """LaunchSpec of one SGLang server; its health check is ``/health_generate`` like every engine's."""
+    """LaunchSpec of one SGLang server; its health check is ``/health_generate`` like every engine's.
+
+    Its keys go in ``<log_path>.keys.yaml`` (0600, removed when the server stops); its ``/dev/shm`` files carry
+    its NCCL port (``deepspeed_allreduce_buffer_0_<host>_<nccl_port>_0``), which is how they are found.
+    """
     options = options or SGLangOptions()
+    keys = keys_config(options.api_key, options.admin_api_key) if options.api_key or options.admin_api_key else None
+    config_path = f"{log_path}.keys.yaml" if keys else None
     argv = sglang_command(
         model_path,
         host,
@@ -290,7 +315,7 @@ def sglang_spec(
         extra_args=options.extra_args,
         trust_remote_code=options.trust_remote_code,
         nccl_port=nccl_port,
-        api_key=options.api_key,
+        config_path=config_path,
         max_running_requests=options.max_running_requests,
         random_seed=options.random_seed,
         python=options.python,
@@ -304,6 +329,9 @@ def sglang_spec(
         env=merged_env,
         name=name,
         token=options.api_key,
+        secret_files={config_path: keys} if config_path and keys else {},
+        shm_tags=(f"_{nccl_port}_",) if nccl_port else (),
+        stop_grace_s=SGLANG_STOP_GRACE_S,
     )
 
 

@@ -32,5 +32,6 @@ async def load_from_disk(client: EngineClient, path: str | Path, version: int, m
                          nbytes: int = 0) -> PauseWindow:
     """Pause (``mode``), load ``path`` as ``version``, continue; raises (engine left paused) when the load fails."""
     async with client.paused(mode) as window:
-        await client.update_weights_from_disk(str(path), version, timeout=load_timeout_s(nbytes))
+        await client.update_weights_from_disk(str(path), version, timeout=load_timeout_s(nbytes),
+                                              flush_cache=mode.flushes_cache)
     return window

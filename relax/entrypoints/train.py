@@ -48,7 +48,7 @@ from relax.config.plan import (
     validate_paths,
     validate_plan_against_cluster,
 )
-from relax.engines.sglang import engine_secret, external_engine_key, reserved_flag_problems
+from relax.engines.sglang import api_key_from_env, engine_secret, external_engine_key, reserved_flag_problems
 from relax.logs import LOG_LEVEL_ENV, setup_logging
 from relax.training import tracking
 from relax.training.console import StepLine, eta_seconds
@@ -257,10 +257,19 @@ class Driver:
             migrate_in_flight=a.scale_in_unfinished is UnfinishedRequests.MIGRATE,
             weight_broadcast_backend=self._broadcast_backend(),
             engine_api_key=engine_secret(),
+            engine_generation_key=api_key_from_env(),
+            engines_per_node=self._engines_per_node(),
             external_engine_api_key=external_engine_key(),
             sglang_router_url=a.sglang_router_url,
             sglang_router_api_key=os.environ.get("RELAX_SGLANG_ROUTER_API_KEY") or None,
         )
+
+    def _engines_per_node(self) -> int:
+        """How many engines share a node's cores: all the initial ones on a one-machine cluster, else one a node."""
+        import ray
+
+        addresses = {n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive")} if ray.is_initialized() else set()
+        return max(1, self.plan.initial_engines) if len(addresses) <= 1 else 1
 
     def _broadcast_backend(self) -> str:
         """NCCL when the trainer computes on CUDA (engines then sit on GPUs too), else gloo.

@@ -182,7 +182,7 @@ async def send_version(engine_id: str, client: Any, group: EngineGroup, version:
             sent = 0
             for index, spec in enumerate(specs):
                 sent += await _one_bucket(client, group, version, index, spec, last=index == len(specs) - 1,
-                                          timeout_s=timeout_s)
+                                          flush=pause_mode.flushes_cache, timeout_s=timeout_s)
             transfer_s = time.monotonic() - transfer_began
             await asyncio.wait_for(client.end_weight_update(), timeout_s)
     finally:
@@ -195,11 +195,11 @@ async def send_version(engine_id: str, client: Any, group: EngineGroup, version:
 
 
 async def _one_bucket(client: Any, group: EngineGroup, version: int, index: int, spec: BucketSpec, *, last: bool,
-                      timeout_s: float) -> int:
+                      flush: bool, timeout_s: float) -> int:
     send = asyncio.ensure_future(group.source.broadcast(group.name, version, index))
     receive = asyncio.ensure_future(client.update_weights_from_distributed(
         **spec.to_body(), group_name=group.name, weight_version=version if last else None, load_format=FLATTENED,
-        flush_cache=last, timeout=timeout_s))
+        flush_cache=last and flush, timeout=timeout_s))
     try:
         done, _ = await asyncio.wait({send, receive}, timeout=timeout_s, return_when=asyncio.FIRST_EXCEPTION)
         for task in done:

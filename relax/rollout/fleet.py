@@ -35,6 +35,7 @@ from typing import Any, Protocol
 
 from relax.config.pause_mode import PauseMode
 from relax.engines.client import EngineClient, EngineError
+from relax.engines.keys import EngineKeys, engine_keys
 from relax.logs import failure_cause
 from relax.rollout.broadcast import BroadcastSettings
 from relax.rollout.events import EventKind, EventLog
@@ -107,8 +108,11 @@ class FleetSettings:
     shutdown_timeout_s: float = 30.0
     #: How an engine is paused around each weight load.
     weight_sync_pause_mode: PauseMode = PauseMode.RETRACT
-    #: Bearer token of the engines the run starts (SGLang's --api-key), sent on every call; never logged.
+    #: The run's engine secret: each engine the run starts has its own generation and admin keys derived from it
+    #: (relax.engines.keys.engine_keys); never logged.
     engine_api_key: str | None = field(default=None, repr=False)
+    #: A generation key the user chose for every engine (RELAX_ENGINE_API_KEY), else each engine's own.
+    engine_generation_key: str | None = field(default=None, repr=False)
     #: What engines attached by URL get instead (the operator's key for them; None: no header). The run's
     #: secret never leaves the run: an attached URL may be anybody's server.
     external_engine_api_key: str | None = field(default=None, repr=False)
@@ -134,7 +138,7 @@ class EngineFleet:
         launcher: EngineLauncher,
         settings: FleetSettings,
         *,
-        client_factory: Callable[[str, float, str | None], EngineHTTP] | None = None,
+        client_factory: Callable[[str, float, EngineKeys], EngineHTTP] | None = None,
         on_change: Callable[[], None] = lambda: None,
         drain_notices: Callable[[], Mapping[str, int] | None] | None = None,
         transports: Mapping[TransportKind, WeightTransport] | None = None,
@@ -229,8 +233,7 @@ class EngineFleet:
             if self.pool.get(engine_id).state is EngineState.PENDING:
                 self.pool.transition(engine_id, EngineState.STARTING)
             self.pool.transition(engine_id, EngineState.HEALTH_CHECKING)
-            token = self._engine_token(engine_id)
-            client = self._client_factory(url, self.settings.request_timeout_s, token)
+            client = self._client_factory(url, self.settings.request_timeout_s, self.engine_keys(engine_id))
             self._clients[engine_id] = client
             await client.health_generate(timeout=self.settings.health_timeout_s)
             if self.pool.get(engine_id).kind is EngineKind.EXTERNAL:
@@ -245,8 +248,8 @@ class EngineFleet:
             await self._cleanup_failed(engine_id, exc)
             raise
         self.router.add(engine_id)
-        if self.sglang_router is not None:  # the key the engine needs, as every Relax call carries it
-            self.sglang_router.add(engine_id, url, self._engine_token(engine_id))
+        if self.sglang_router is not None:  # the router generates only: it gets the generation key, never the admin one
+            self.sglang_router.add(engine_id, url, self.engine_keys(engine_id).generation)
         self.routable.set()
         self._on_change()
         record = self.pool.get(engine_id)
@@ -254,10 +257,11 @@ class EngineFleet:
                           decided_at=record.created_at, active_at=record.state_since)
         log.info("%s ACTIVE at %s (weights v%s)", engine_id, url, record.weight_version)
 
-    def _engine_token(self, engine_id: str) -> str | None:
-        """The key an engine needs: the run's secret for engines the run started, the operator's for attached ones."""
-        return (self.settings.external_engine_api_key if self.pool.get(engine_id).kind is EngineKind.EXTERNAL
-                else self.settings.engine_api_key)
+    def engine_keys(self, engine_id: str) -> EngineKeys:
+        """An engine's keys: its own pair for engines the run started, the operator's one key for attached ones."""
+        if self.pool.get(engine_id).kind is EngineKind.EXTERNAL:
+            return EngineKeys.single(self.settings.external_engine_api_key)
+        return engine_keys(self.settings.engine_api_key, engine_id, generation=self.settings.engine_generation_key)
 
     def _leave_routing(self, engine_id: str) -> None:
         """Out of Relax's router and the external SGLang router's (in the background) at the same moment."""
@@ -571,8 +575,8 @@ class EngineFleet:
         self._clients.clear()
 
 
-def _http_client(url: str, timeout: float, token: str | None = None) -> EngineClient:
-    return EngineClient(url, timeout=timeout, token=token)
+def _http_client(url: str, timeout: float, keys: EngineKeys = EngineKeys()) -> EngineClient:
+    return EngineClient(url, timeout=timeout, token=keys.generation, admin_token=keys.admin)
 
 
 def _describe_failure(exc: BaseException, state: EngineState) -> str:

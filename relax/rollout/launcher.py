@@ -12,11 +12,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from relax.config.pause_mode import PauseMode
+from relax.engines.backends import cuda_available
 
 log = logging.getLogger("relax.rollout")
 
@@ -93,13 +94,15 @@ class RayEngineLauncher:
     """:class:`EngineLauncher` on Ray: one PACK placement group per elastic engine, one EngineActor each.
 
     ``spawn_kwargs`` are the EngineActor's settings shared by every engine of the run (backend options,
-    host, log directory, environment, the eviction callback).
+    host, log directory, environment, the eviction callback). ``keys_for`` gives each engine its own keys
+    (``relax.engines.keys``): they go into that engine's options only.
     """
 
     backend: str
     model_path: str
     spawn_kwargs: dict[str, Any] = field(default_factory=dict)
     gpus_per_engine: int = 1
+    keys_for: Callable[[str], Any] | None = None
     _actors: dict[str, Any] = field(default_factory=dict)
 
     def reserve(self, engine_id: str, gpus: int) -> EngineSlot:
@@ -120,6 +123,10 @@ class RayEngineLauncher:
 
         from relax.engines.actor import spawn_engine_actor
 
+        kwargs = dict(self.spawn_kwargs)
+        if self.keys_for is not None and kwargs.get("options") is not None:
+            keys = self.keys_for(engine_id)
+            kwargs["options"] = replace(kwargs["options"], api_key=keys.generation, admin_api_key=keys.admin)
         for attempt in range(1, ACTOR_START_ATTEMPTS + 1):
             actor = spawn_engine_actor(
                 engine_id,
@@ -130,7 +137,7 @@ class RayEngineLauncher:
                 num_gpus=self.gpus_per_engine,
                 num_cpus=1,
                 weight_version=0,
-                **self.spawn_kwargs,
+                **kwargs,
             )
             self._actors[engine_id] = actor
             try:
@@ -206,7 +213,7 @@ def resolve_backend(backend: str, engines_have_cuda: bool | None = None) -> str:
     if backend != "auto":
         return backend
     if engines_have_cuda is None:
-        engines_have_cuda = _cuda_available()
+        engines_have_cuda = cuda_available()
     return "sglang" if engines_have_cuda else "builtin"
 
 
@@ -229,7 +236,7 @@ def engine_node_facts(backend: str, python: str | None, env: Mapping[str, str] |
     """Run on the engine's node, holding its GPUs: resolve ``backend`` and check SGLang there."""
     import sys
 
-    cuda = _cuda_available()
+    cuda = cuda_available()
     chosen = resolve_backend(backend, engines_have_cuda=cuda)
     if chosen != "sglang":
         return EngineNodeFacts(cuda, chosen, sys.executable)
@@ -241,19 +248,6 @@ def engine_node_facts(backend: str, python: str | None, env: Mapping[str, str] |
     except SGLangVersionError as exc:
         return EngineNodeFacts(cuda, chosen, interpreter, problem=str(exc))
     return EngineNodeFacts(cuda, chosen, interpreter, sglang_version=version)
-
-
-def _cuda_available() -> bool:
-    """``torch.cuda.is_available()``, skipping torch's import (seconds) on a node with no GPU device files."""
-    import glob
-    import os
-
-    if not (glob.glob("/dev/nvidia[0-9]*") or os.path.isdir("/proc/driver/nvidia/gpus") or os.path.exists("/dev/kfd")
-            or os.path.exists("/dev/dxg")):
-        return False
-    import torch
-
-    return bool(torch.cuda.is_available())
 
 
 def probe_engine_node(

@@ -19,7 +19,7 @@ import logging
 import os
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,8 @@ from relax.data.dataset import PromptCursor, PromptStream, load_prompt_data
 from relax.data.rewards import get_reward_fn
 from relax.data.sample import PromptGroup
 from relax.data.staleness import StalenessGate
-from relax.engines.launcher import BuiltinOptions
+from relax.engines.backends import engine_backend
+from relax.engines.keys import EngineKeys, engine_keys
 from relax.engines.sglang import SGLangOptions
 from relax.logs import setup_logging
 from relax.rollout.broadcast import BroadcastSettings, RayWeightSource
@@ -96,7 +97,9 @@ class ManagerConfig:
     stream_min_tokens: int = 64  # shorter budgets are sent unstreamed: a crash costs them at most this many tokens
     # The engines' secret (SGLang's --api-key; the built-in engine's RELAX_ENGINE_API_KEY): every engine is
     # started with it and every engine call carries it. The driver always sets one (relax.engines.sglang.engine_secret).
-    engine_api_key: str | None = field(default=None, repr=False)
+    engine_api_key: str | None = field(default=None, repr=False)  # the run's secret: each engine's keys come from it
+    engine_generation_key: str | None = field(default=None, repr=False)  # the user's generation key for all engines
+    engines_per_node: int = 1  # how many engines share a node's cores (SGLang on CPU binds each to its share)
     external_engine_api_key: str | None = field(default=None, repr=False)  # for engines attached by URL
     engine_host: str = "auto"
     sglang_mem_fraction_static: float | None = None
@@ -172,13 +175,14 @@ class RolloutManager:
                           shutdown_timeout_s=config.scale_in_shutdown_timeout_s,
                           weight_sync_pause_mode=PauseMode(config.weight_sync_pause_mode),
                           engine_api_key=config.engine_api_key,
+                          engine_generation_key=config.engine_generation_key,
                           external_engine_api_key=config.external_engine_api_key,
                           sglang_router_url=config.sglang_router_url,
                           sglang_router_api_key=config.sglang_router_api_key,
                           broadcast=BroadcastSettings(
                               backend=config.weight_broadcast_backend, timeout_s=config.weight_broadcast_timeout_s,
-                              ranks_per_engine=config.gpus_per_engine if resolve_backend(config.backend) == "sglang"
-                              else 1)),
+                              ranks_per_engine=engine_backend(resolve_backend(config.backend)).broadcast_ranks(
+                                  config.gpus_per_engine))),
             on_change=self._state_changed.set,
             drain_notices=draining_nodes,
         )
@@ -211,16 +215,12 @@ class RolloutManager:
         import ray
 
         backend = resolve_backend(self.cfg.backend)
-        options: BuiltinOptions | SGLangOptions
-        if backend == "sglang":
-            options = SGLangOptions(tp_size=self.cfg.gpus_per_engine,
-                                    mem_fraction_static=self.cfg.sglang_mem_fraction_static,
-                                    extra_args=self.cfg.sglang_extra_args, api_key=self.cfg.engine_api_key,
-                                    max_running_requests=self.cfg.max_running_requests,
-                                    random_seed=self.cfg.rollout_seed, python=self.cfg.sglang_python)
-        else:
-            options = BuiltinOptions(max_running_requests=self.cfg.max_running_requests, num_threads=1,
-                                     api_key=self.cfg.engine_api_key)
+        options = engine_backend(backend).options(
+            gpus_per_engine=self.cfg.gpus_per_engine, max_running_requests=self.cfg.max_running_requests,
+            extra_args=self.cfg.sglang_extra_args, mem_fraction_static=self.cfg.sglang_mem_fraction_static,
+            random_seed=self.cfg.rollout_seed, python=self.cfg.sglang_python)
+        if isinstance(options, SGLangOptions):
+            options = replace(options, cpu_engines_per_node=self.cfg.engines_per_node)
         me = ray.get_runtime_context().current_actor
         return RayEngineLauncher(backend, self.cfg.model_path, {
             "options": options,
@@ -228,7 +228,11 @@ class RolloutManager:
             "log_dir": self.cfg.engine_log_dir,
             "env": self.cfg.engine_env,
             "on_eviction": (me, "notify_eviction"),
-        }, gpus_per_engine=self.cfg.gpus_per_engine)
+        }, gpus_per_engine=self.cfg.gpus_per_engine, keys_for=self.fleet_keys)
+
+    def fleet_keys(self, engine_id: str) -> EngineKeys:
+        """Engine ``engine_id``'s own keys (the fleet's rule; the launcher hands them to that engine alone)."""
+        return engine_keys(self.cfg.engine_api_key, engine_id, generation=self.cfg.engine_generation_key)
 
     # ------------------------------------------------------------------ engines
     async def start_initial_engines(self, bundles: list[tuple[Any, int]]) -> list[dict[str, Any]]:

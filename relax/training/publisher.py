@@ -40,13 +40,15 @@ class Publication:
 
 
 def publication_dtype(engine_backend: str) -> Any:
-    """bf16 for SGLang engines (they serve bf16 on GPU: half the bytes per publication); else unchanged.
-
-    The built-in engine runs fp32 on CPU, where the tests compare log-probs to 1e-4.
-    """
+    """The dtype the engines of ``engine_backend`` serve (``relax.engines.backends``): bf16 for SGLang, on GPU
+    and on CPU (half the bytes per publication, and what it serves); None (unchanged) for the built-in engine,
+    which runs fp32 on CPU, where the tests compare log-probs to 1e-4."""
     import torch
 
-    return torch.bfloat16 if engine_backend == "sglang" else None
+    from relax.engines.backends import engine_backend as adapter
+
+    name = adapter(engine_backend).publication_dtype
+    return None if name is None else getattr(torch, name)
 
 
 def publish_state(manager: Any, version: int, state: Mapping[str, Any], *, dtype: Any = None,

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from fastapi import FastAPI, Request
 
-from relax.engines.client import EngineClient
+from relax.engines.keys import engine_keys
 from relax.engines.sglang import external_engine_key
 from relax.rollout.events import EventLog
 from relax.rollout.fleet import EngineFleet, FleetSettings
@@ -70,8 +70,7 @@ async def test_an_attached_engine_never_receives_the_runs_secret(external_key: s
     with LoopbackServer(own_app, name="own-engine") as own, LoopbackServer(ext_app, name="external-engine") as ext:
         pool = EnginePool(time.time)
         fleet = EngineFleet(pool, Router(), EventLog(), WeightRegistry(), OwnLauncher(own.url),
-                            FleetSettings(engine_api_key=SECRET, external_engine_api_key=external_key),
-                            client_factory=lambda url, timeout, token: EngineClient(url, timeout=10, token=token))
+                            FleetSettings(engine_api_key=SECRET, external_engine_api_key=external_key))
         try:
             await fleet.start_initial([("group", 0)])
             record = pool.add(EngineKind.EXTERNAL, url=ext.url)
@@ -80,7 +79,9 @@ async def test_an_attached_engine_never_receives_the_runs_secret(external_key: s
             await fleet.client(record.engine_id).get_server_info()
         finally:
             await fleet.shutdown()
-    assert own_seen and set(own_seen) == {f"Bearer {SECRET}"}
+    own_keys = engine_keys(SECRET, "engine_0")  # the run's own engine: its own pair, derived from the secret
+    assert own_seen and set(own_seen) <= {f"Bearer {own_keys.generation}", f"Bearer {own_keys.admin}"}
+    assert f"Bearer {SECRET}" not in own_seen + ext_seen  # the secret itself travels nowhere
     assert ext_seen and set(ext_seen) == {None if external_key is None else f"Bearer {external_key}"}
 
 

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
+import stat
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from relax.engines.keys import EngineKeys, engine_keys
 from relax.engines.launcher import ServerProcess, format_argv
 from relax.engines.sglang import (
     SGLANG_API_KEY_ENV,
@@ -52,14 +56,14 @@ def test_full_command() -> None:
         extra_args=["--dtype", "bfloat16", "--log-level", "warning"],
         trust_remote_code=True,
         nccl_port=40001,
-        api_key="k",
+        config_path="/run/e.keys.yaml",
         python="/opt/sglang/bin/python",
     )
     assert argv == [
         "/opt/sglang/bin/python", "-m", "sglang.launch_server",
         "--model-path", "/models/qwen3-4b", "--host", "10.0.0.7", "--port", "30001", "--tp-size", "2",
         "--mem-fraction-static", "0.7", "--enable-metrics", "--weight-version", "5", "--nccl-port", "40001",
-        "--trust-remote-code", "--api-key", "k",
+        "--trust-remote-code", "--config", "/run/e.keys.yaml",
         "--dtype", "bfloat16", "--log-level", "warning",
     ]  # fmt: skip
 
@@ -194,11 +198,15 @@ def test_api_key_from_env() -> None:
     assert api_key_from_env({SGLANG_API_KEY_ENV: "s3cret\n"}) == "s3cret"  # $(cat keyfile) leaves a newline
 
 
-def test_every_run_has_an_engine_secret_the_users_key_first() -> None:
-    first, second = engine_secret({}), engine_secret({})
+def test_every_run_has_a_fresh_engine_secret_and_each_engine_its_own_keys() -> None:
+    first, second = engine_secret(), engine_secret()
     assert first != second and len(first) >= 40  # 32 random bytes, URL-safe: a fresh one per run
-    assert engine_secret({"RELAX_ENGINE_API_KEY": "mine\n"}) == "mine"
-    assert engine_secret({SGLANG_API_KEY_ENV: "sg", "RELAX_ENGINE_API_KEY": "mine"}) == "sg"
+    a, b = engine_keys(first, "engine_0"), engine_keys(first, "engine_1")
+    assert len({a.generation, a.admin, b.generation, b.admin, first}) == 5  # no engine holds another's key
+    assert engine_keys(first, "engine_0") == a  # derived again, never stored
+    mine = engine_keys(first, "engine_0", generation="mine")  # RELAX_ENGINE_API_KEY: generation only
+    assert mine.generation == "mine" and mine.admin == a.admin
+    assert engine_keys(None, "engine_0") == EngineKeys()
 
 
 def test_the_builtin_engine_gets_its_key_in_the_environment_not_argv() -> None:
@@ -220,20 +228,27 @@ def test_options_repr_hides_the_api_key() -> None:
     assert "s3cret" not in repr(SGLangOptions(api_key="s3cret"))
 
 
-def test_started_server_log_line_masks_the_api_key(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """The one place Relax logs an engine's argv (ServerProcess.start) shows the key as ***."""
+def test_keys_reach_sglang_in_a_private_config_file_never_its_argv(tmp_path: Path,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """The generation and admin keys go into a 0600 --config YAML next to the log; no argv and no log line of
+    Relax carries either, and the file goes when the server stops."""
     fake_python = fake_interpreter(tmp_path, "exit 0")
-    opts = SGLangOptions(api_key=api_key_from_env({SGLANG_API_KEY_ENV: "s3cret"}), python=str(fake_python))
+    opts = SGLangOptions(api_key="gen-s3cret", admin_api_key="adm-s3cret", python=str(fake_python))
     with caplog.at_level(logging.DEBUG):
         spec = sglang_spec("/m", "127.0.0.1", 30003, str(tmp_path / "e.log"), options=opts, name="engine_9")
-        assert "s3cret" in spec.argv  # SGLang reads it from its argv...
+        assert not any("s3cret" in arg for arg in spec.argv)
+        config = flag_value(spec.argv, "--config")
+        assert config == str(tmp_path / "e.log") + ".keys.yaml"
         server = ServerProcess(spec)
         try:
             server.start()
+            assert stat.S_IMODE(os.stat(config).st_mode) == 0o600
+            assert yaml.safe_load(Path(config).read_text()) == {"api-key": "gen-s3cret", "admin-api-key": "adm-s3cret"}
+            assert stat.S_IMODE(os.stat(tmp_path / "e.log").st_mode) == 0o600  # SGLang logs its keys there
         finally:
             server.stop(grace_s=5)
-    assert "argv=" in caplog.text and "--api-key '***'" in caplog.text
-    assert "s3cret" not in caplog.text  # ...but no Relax log line carries it
+    assert not os.path.exists(config)
+    assert "argv=" in caplog.text and "s3cret" not in caplog.text
 
 
 # -- the SGLang version ---------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+import yaml
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 from packaging.specifiers import SpecifierSet
@@ -62,7 +63,7 @@ ALL_OPTIONS: dict[str, Any] = {
     "extra_args": None,
     "trust_remote_code": True,
     "nccl_port": 40001,
-    "api_key": "k",
+    "config_path": "/run/engine_0.keys.yaml",
     "enable_metrics": True,
     "max_running_requests": 64,
     "random_seed": 1,
@@ -182,8 +183,10 @@ def test_snapshot_is_stable_sorted_json() -> None:
 
 def test_every_flag_relax_emits_exists(client_requests: list[tuple[str, str, Any]]) -> None:
     flags = emitted_flags()
-    expected = {"--weight-version", "--enable-metrics", "--api-key", "--max-running-requests", "--random-seed"}
+    expected = {"--weight-version", "--enable-metrics", "--config", "--max-running-requests", "--random-seed"}
     assert expected <= set(flags)
+    keys_file = yaml.safe_load(sglang.keys_config("g", "a"))  # the --config file's entries are SGLang flags too
+    flags += ["--" + name for name in keys_file]
     missing = contract.missing_from_snapshot(SNAPSHOT, flags=flags)
     assert not missing, f"SGLang {SNAPSHOT['sglang_version']} lacks what Relax uses: {', '.join(missing)}"
 
@@ -211,7 +214,8 @@ def test_relax_never_bumps_a_version_with_sglangs_abort_all_default(
     bodies = [body for _, path, body in client_requests if path == "/update_weight_version"]
     assert bodies and all(body.get("abort_all_requests") is False for body in bodies), bodies
     callers = sorted(str(f.relative_to(REPO)) for f in (REPO / "relax").rglob("*.py")
-                     if "/update_weight_version" in f.read_text() and "builtin" not in f.parts)
+                     if "/update_weight_version" in f.read_text() and "builtin" not in f.parts
+                     and f.name != "keys.py")  # keys.py lists control routes; it calls none
     assert callers == ["relax/engines/client.py"], f"call it through EngineClient.update_weight_version: {callers}"
 
 

@@ -147,6 +147,7 @@ class UpdateWeightsBody(BaseModel):
     weight_version: str | int | None = None
     abort_all_requests: StrictBool = False
     is_async: StrictBool = False
+    flush_cache: StrictBool = True  # SGLang's field; the built-in engine keeps no prefix cache across requests
 
     @field_validator("load_format")
     @classmethod

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import os
 import signal
@@ -51,6 +50,7 @@ from relax.engines.builtin.streaming import StreamFeed, Wakeups, abort_unfinishe
 from relax.engines.builtin.tokenizer import load_tokenizer
 from relax.engines.builtin.weight_updates import DistributedUpdates, WeightUpdateError
 from relax.engines.guard import parent_watchdog
+from relax.engines.keys import authorized, is_admin_route
 
 log = logging.getLogger("relax.engine")
 
@@ -78,6 +78,9 @@ class ServerArgs:
     model_impl: ModelImpl = ModelImpl.AUTO
     api_key: str | None = field(default=None, repr=False)
     """SGLang's ``--api-key``: every route but ``/health*`` and ``/metrics`` needs ``Bearer <key>``."""
+    admin_api_key: str | None = field(default=None, repr=False)
+    """SGLang's ``--admin-api-key``: the only key the control routes take, refused on generation
+    (``relax.engines.keys``)."""
     stream_interval: int = 1
     """SGLang's ``--stream-interval``: tokens between two chunks of a streamed generation."""
 
@@ -363,26 +366,19 @@ class BuiltinServer:
                 "vocab_size": self.vocab_size, "max_context_length": self.max_context}
 
 
-# Open without the key, as on SGLang: probes and scrapers carry no credentials.
-OPEN_PATHS = ("/health", "/health_generate", "/metrics")
-
-
-def _authorized(header: str | None, key: str) -> bool:
-    expected = f"Bearer {key}".encode()
-    return header is not None and hmac.compare_digest(header.encode(), expected)
-
-
 def create_app(server: BuiltinServer) -> FastAPI:
     app = FastAPI(title="Relax built-in engine", version=__version__)
     engine = server.engine
-    key = server.args.api_key
+    key, admin_key = server.args.api_key, server.args.admin_api_key
 
-    if key:
+    if key or admin_key:
         @app.middleware("http")
         async def _require_key(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-            if request.url.path in OPEN_PATHS or _authorized(request.headers.get("authorization"), key):
+            path = request.url.path
+            if authorized(path, request.headers.get("authorization"), key, admin_key):
                 return await call_next(request)
-            return _error(401, "unauthorized: this engine needs 'Authorization: Bearer <its API key>'")
+            which = "admin" if is_admin_route(path) and admin_key else "API"
+            return _error(401, f"unauthorized: {path} needs 'Authorization: Bearer <this engine's {which} key>'")
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -1,0 +1,100 @@
+"""What a server process group leaves in ``/dev/shm``, found while it runs and removed once it is gone.
+
+SGLang's processes and the Intel OpenMP they preload create POSIX shared memory and remove it only on a clean
+Python exit, which a killed scheduler never has: measured on 0.5.23 (CPU) after every stop, graceful or not,
+``__KMP_REGISTERED_LIB_<pid>_*`` (libiomp5, one per process), ``sglang_loads_*.shm`` (the load snapshot) and,
+on AMX machines, ``deepspeed_allreduce_buffer_0_<host>_<nccl port>_0`` (258 MB). An elastic pool that cycles
+engines would fill the node's RAM with them.
+
+Which files are a server's is read from the kernel, not guessed from names: the ``/dev/shm`` files its
+processes have open or mapped, the OpenMP registrations named by their pids, and names carrying a tag the
+launcher chose (the server's own NCCL port). The sweep runs after the whole process group is gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SHM_DIR = Path("/dev/shm")
+#: Intel OpenMP's registration file of process ``pid``: ``__KMP_REGISTERED_LIB_<pid>_<n>``.
+KMP_PREFIX = "__KMP_REGISTERED_LIB_"
+
+
+def group_pids(pgid: int, proc: Path = Path("/proc")) -> set[int]:
+    """Every live process in process group ``pgid`` (zombies are not: they hold no memory any more)."""
+    pids: set[int] = set()
+    for entry in proc.iterdir() if proc.is_dir() else ():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # pid (comm) state ppid pgrp ...: comm may hold spaces and parentheses, so split after the last ')'
+        fields = stat.rsplit(")", 1)[-1].split()
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
+            pids.add(int(entry.name))
+    return pids
+
+
+def shm_held_by(pids: Iterable[int], proc: Path = Path("/proc"), shm: Path = SHM_DIR) -> set[str]:
+    """Names of the ``/dev/shm`` files that processes ``pids`` have open or mapped."""
+    names: set[str] = set()
+    prefix = str(shm) + "/"
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for line in (proc / str(pid) / "maps").read_text().splitlines():
+                path = line.split(maxsplit=5)[-1] if line.count(" ") >= 5 else ""
+                if path.startswith(prefix):
+                    names.add(path[len(prefix):].removesuffix(" (deleted)"))
+        with contextlib.suppress(OSError):
+            for fd in (proc / str(pid) / "fd").iterdir():
+                with contextlib.suppress(OSError):
+                    target = os.readlink(fd)
+                    if target.startswith(prefix):
+                        names.add(target[len(prefix):].removesuffix(" (deleted)"))
+    return names
+
+
+@dataclass
+class ShmLedger:
+    """The ``/dev/shm`` names one server made: noted while it runs, removed by :meth:`sweep` after it is gone."""
+
+    tags: tuple[str, ...] = ()
+    pids: set[int] = field(default_factory=set)
+    names: set[str] = field(default_factory=set)
+
+    def note(self, pgid: int, proc: Path = Path("/proc"), shm: Path = SHM_DIR) -> None:
+        """Record the group's processes and what they hold now (call while it runs; cheap: a /proc scan)."""
+        pids = group_pids(pgid, proc)
+        self.pids |= pids
+        self.names |= shm_held_by(pids, proc, shm)
+
+    def owned(self, shm: Path = SHM_DIR) -> list[Path]:
+        """The files in ``shm`` that are this server's."""
+        out = []
+        for entry in shm.iterdir() if shm.is_dir() else ():
+            name = entry.name
+            mine = name in self.names or any(tag in name for tag in self.tags)
+            if name.startswith(KMP_PREFIX):
+                pid = name[len(KMP_PREFIX):].split("_", 1)[0]
+                mine = mine or (pid.isdigit() and int(pid) in self.pids)
+            if mine:
+                out.append(entry)
+        return out
+
+    def sweep(self, shm: Path = SHM_DIR) -> list[str]:
+        """Remove this server's files (call once its process group is gone); returns the names removed."""
+        removed = []
+        for path in self.owned(shm):
+            with contextlib.suppress(OSError):
+                path.unlink()
+                removed.append(path.name)
+        return removed
+
+
+__all__ = ["ShmLedger", "group_pids", "shm_held_by"]
