@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test test-unit demo lint bench clean
+.PHONY: install sglang-cpu test test-sglang test-unit demo lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -15,6 +15,17 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# The real SGLang 0.5.23 for CPUs with AVX-512 (AMX Xeons: its target) in its own venv, .venv-sglang: Debian's
+# libraries, the pinned lock, sglang --no-deps and the CPU kernel wheel (SGLANG_CPU_WHEEL, default
+# ../shared/sglang-cpu). Idempotent (docs/install.md, "SGLang on CPU").
+SGLANG_VENV := .venv-sglang
+sglang-cpu:
+	SGLANG_CPU_VENV=$(abspath $(SGLANG_VENV)) PYTHON=$(PYTHON) bash scripts/sglang_cpu/install.sh
+
+# The tests against the real SGLang engine (tests/sglang): one process, engines shared across tests.
+test-sglang: $(STAMP) sglang-cpu
+	RELAX_SGLANG_PYTHON=$(abspath $(SGLANG_VENV))/bin/python $(BIN)/python -m pytest -n 0 tests/sglang
 
 # CI runs this: the lint (ruff, layer contracts, no import cycles) first, then the whole suite on
 # TEST_WORKERS pytest-xdist workers. A work unit is one test file (a file's tests share fixtures and

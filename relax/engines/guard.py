@@ -13,7 +13,7 @@ a thread. So the guard polls its owner, and sets ``PR_SET_PDEATHSIG`` on the ser
 single thread: when Ray SIGKILLs a dead worker's children (the guard among them), the server goes too. The
 built-in server also runs the parent check itself (``parent_watchdog``).
 
-Standard library only, so it starts in milliseconds and works wherever the server's Python runs.
+Standard library only (and relax.engines.shm_leftovers, which is too), so it starts in milliseconds.
 """
 
 from __future__ import annotations
@@ -29,8 +29,12 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+from relax.engines.shm_leftovers import ShmLedger, group_pids
+
 POLL_S = 0.5
-GRACE_S = 5.0
+GRACE_S = 10.0
+#: The group's shared memory is noted every this many polls (a /proc scan).
+NOTE_EVERY_POLLS = 4
 
 
 def owner_alive(owner_pid: int) -> bool:
@@ -52,8 +56,9 @@ def parent_watchdog(on_orphaned: Callable[[], None], *, poll_s: float = POLL_S) 
     return thread
 
 
-def _stop_group(child: subprocess.Popen[bytes], grace_s: float) -> None:
-    """SIGTERM our process group (the server and what it forked), then SIGKILL what is left."""
+def _stop_group(child: subprocess.Popen[bytes], grace_s: float, ledger: ShmLedger) -> None:
+    """SIGTERM the server (it stops what it forked), then SIGKILL what is left of our group, us included; the
+    server's shared-memory files are swept just before that last kill."""
     pgid = os.getpgid(0)
     with contextlib.suppress(ProcessLookupError):
         child.send_signal(signal.SIGTERM)
@@ -61,6 +66,14 @@ def _stop_group(child: subprocess.Popen[bytes], grace_s: float) -> None:
     while child.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the group kill below must not end us before it is sent
+    others = group_pids(pgid) - {os.getpid()}
+    for pid in others:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 2.0
+    while group_pids(pgid) - {os.getpid()} and time.monotonic() < deadline:
+        time.sleep(0.02)
+    ledger.sweep()
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)  # includes us: nothing of the group survives
 
@@ -80,7 +93,8 @@ def _die_with_the_guard(guard_pid: int) -> None:
         os._exit(137)
 
 
-def run(owner_pid: int, argv: Sequence[str], *, poll_s: float = POLL_S, grace_s: float = GRACE_S) -> int:
+def run(owner_pid: int, argv: Sequence[str], *, poll_s: float = POLL_S, grace_s: float = GRACE_S,
+        shm_tags: Sequence[str] = ()) -> int:
     # same process group (ours), stdout/stderr inherited (the server log); the server dies with us
     die = functools.partial(_die_with_the_guard, os.getpid()) if sys.platform == "linux" else None
     child = subprocess.Popen(list(argv), preexec_fn=die)
@@ -93,6 +107,10 @@ def run(owner_pid: int, argv: Sequence[str], *, poll_s: float = POLL_S, grace_s:
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
+    # what the server's processes hold in /dev/shm, noted every few polls: the guard sweeps it when it stops the
+    # group for an owner that is gone (the owner's own stop sweeps otherwise; relax.engines.shm_leftovers)
+    ledger = ShmLedger(tags=tuple(shm_tags))
+    polls = 0
     while True:
         try:
             code = child.wait(timeout=poll_s)
@@ -105,10 +123,14 @@ def run(owner_pid: int, argv: Sequence[str], *, poll_s: float = POLL_S, grace_s:
                     signal.signal(-code, signal.SIG_DFL)
                 os.kill(os.getpid(), -code)
             return code
+        polls += 1
+        if polls % NOTE_EVERY_POLLS == 1:
+            ledger.note(os.getpgid(0))
         if not stopping.is_set() and not owner_alive(owner_pid):
             print(f"relax guard: owner pid {owner_pid} is gone; stopping server pid {child.pid} and its process "
                   "group", file=sys.stderr, flush=True)
-            _stop_group(child, grace_s)
+            ledger.note(os.getpgid(0))
+            _stop_group(child, grace_s, ledger)
             return 137
 
 
@@ -128,6 +150,7 @@ def describe_exit(code: int) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m relax.engines.guard", description=__doc__.splitlines()[0])
     parser.add_argument("--owner-pid", type=int, required=True)
+    parser.add_argument("--shm-tag", action="append", default=[], help="a /dev/shm name fragment of the server's")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the server's argv")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -135,7 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("no server command after --")
     if not owner_alive(args.owner_pid):  # the owner died before we even started
         return 137
-    return run(args.owner_pid, command)
+    return run(args.owner_pid, command, shm_tags=args.shm_tag)
 
 
 if __name__ == "__main__":

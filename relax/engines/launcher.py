@@ -169,9 +169,10 @@ def read_log_tail(path: str | os.PathLike[str], lines: int = LOG_TAIL_LINES) -> 
     return "\n".join(text.splitlines()[-lines:])
 
 
-def guarded(argv: Sequence[str]) -> list[str]:
+def guarded(argv: Sequence[str], shm_tags: Sequence[str] = ()) -> list[str]:
     """``argv`` run under ``relax.engines.guard``: the server dies when this process does, however it dies."""
-    return [sys.executable, "-m", "relax.engines.guard", "--owner-pid", str(os.getpid()), "--", *argv]
+    tags = [arg for tag in shm_tags for arg in ("--shm-tag", tag)]
+    return [sys.executable, "-m", "relax.engines.guard", "--owner-pid", str(os.getpid()), *tags, "--", *argv]
 
 
 def working_directory(spec_cwd: str | None, log_dir: str) -> tuple[str | None, str | None]:
@@ -254,7 +255,7 @@ class ServerProcess:
             with os.fdopen(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:
                 os.fchmod(log.fileno(), 0o600)
                 self._proc = subprocess.Popen(
-                    guarded(self.spec.argv),
+                    guarded(self.spec.argv, self.spec.shm_tags),
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
