@@ -12,6 +12,8 @@ an environment variable. On an engine node without CUDA, Relax passes them itsel
   32 (the tiny preset's 16 crashes its warm-up: ``invalid head_size 16``), else ``torch_native``;
 * no overlap schedule and no CUDA graphs (neither exists on CPU), and a bounded KV pool (without
   ``--max-total-tokens`` SGLang sizes it from the node's free RAM);
+* ``--sleep-on-idle``: an idle scheduler otherwise polls at 100 % of a core (measured), which on a CPU node is
+  a core taken from the trainer and the other engines;
 * one core set per engine (``SGLANG_CPU_OMP_THREADS_BIND``): without it every server binds its threads to
   every core, and two engines on one node spin against each other.
 
@@ -136,6 +138,7 @@ def cpu_launch(
         ("--cuda-graph-backend-decode", ("disabled",)),
         ("--cuda-graph-backend-prefill", ("disabled",)),
         ("--max-total-tokens", (str(max_total_tokens),)),
+        ("--sleep-on-idle", ()),
     ]
     args: list[str] = []
     for flag, values in wanted:
