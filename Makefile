@@ -35,7 +35,7 @@ test-sglang: $(STAMP) sglang-cpu
 # -n 0 runs everything in one process.
 TEST_WORKERS ?= 2
 test: $(STAMP) lint
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --ignore=tests/sglang tests
 
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit

@@ -8,9 +8,11 @@ suite that are about the built-in engine itself stay there, for these measured r
 
 * ``/server_info``'s ``stats`` (prefill counts) are the built-in engine's own;
 * SGLang's gauges (``sglang:num_running_reqs``...) refresh at prefills and every 40 decode steps, not per step,
-  so the tests that wait on them to freeze a running batch cannot see it in time;
+  so the tests that wait on them to freeze a running batch (the pause-mode tests) cannot see it in time —
+  the pause modes are exercised on the real engine by the training tests instead;
 * SGLang notices a hung-up non-streaming client after up to 4 s (its poll), the built-in engine within 1 s;
-* error texts: SGLang's own words ("Either text, input_ids or input_embeds should be provided.").
+* error texts and answer bodies: SGLang's own words ("Either text, input_ids or input_embeds should be
+  provided."), and its ``/abort_request`` answers an empty 200 (the built-in engine counts what it aborted).
 """
 
 from __future__ import annotations
@@ -20,21 +22,17 @@ import pytest
 
 from tests.integration.test_builtin_engine import (  # noqa: F401 - the same tests, collected again here
     prompt_text,
-    test_abort_by_rid_and_all,
     test_generate_from_input_ids_with_n_and_batch,
     test_generate_from_text_returns_sglang_shape,
     test_greedy_is_deterministic_and_stop_strings_trim,
     test_logprobs_match_teacher_forced_forward,
-    test_pause_abort_mode_aborts_in_flight,
-    test_pause_in_place_holds_requests_until_continue,
-    test_pause_retract_resumes_requests_to_completion,
     tokenizer,
 )
 from tests.sglang.conftest import KeyedAuth
 
 #: bf16 serving against the fp32 checkpoint's teacher-forced log-probs: the tiny preset's large weights (init
-#: 0.2) give up to 0.16 at temperature 0.7 (measured); SmolLM2 is within 0.03-0.08.
-LOGPROB_TOL = 0.25
+#: 0.2) give 0.16-0.28 at temperature 0.7 (measured); SmolLM2 is within 0.03-0.08. Wrong weights miss by nats.
+LOGPROB_TOL = 0.5
 
 
 @pytest.fixture(scope="module")
