@@ -57,3 +57,30 @@ def test_every_route_but_health_and_metrics_refuses_a_missing_or_wrong_key_and_c
         assert info["weight_update_groups"] == [] and not info.get("paused")
         out = http.post("/generate", headers=good, json=BODIES["/generate"])
         assert out.status_code == 200 and out.json()["meta_info"]["completion_tokens"] == 4
+
+
+ADMIN = "engine-admin-key-for-the-test"
+CONTROL = ["/pause_generation", "/update_weights_from_disk", "/abort_request", "/update_weight_version",
+           "/init_weights_update_group", "/begin_weight_update"]
+
+
+@pytest.fixture(scope="module")
+def two_key_engine(tiny_preset, start_engine):
+    return start_engine(tiny_preset.model_dir, env={"RELAX_ENGINE_API_KEY": KEY, "RELAX_ENGINE_ADMIN_API_KEY": ADMIN})
+
+
+def test_with_an_admin_key_the_generation_key_cannot_control_and_the_admin_key_cannot_generate(
+        two_key_engine) -> None:
+    """SGLang's --admin-api-key split, on the built-in engine (tests/sglang: the same on the real SGLang)."""
+    gen, admin = {"Authorization": f"Bearer {KEY}"}, {"Authorization": f"Bearer {ADMIN}"}
+    with httpx.Client(base_url=two_key_engine.url, timeout=30, trust_env=False) as http:
+        for path in CONTROL:
+            answer = http.post(path, json=BODIES[path], headers=gen)
+            assert answer.status_code == 401 and "admin key" in answer.json()["error"]["message"], (path, answer.text)
+        assert http.post("/generate", json=BODIES["/generate"], headers=admin).status_code == 401
+        assert http.post("/pause_generation", json={"mode": "abort"}, headers=admin).status_code == 200
+        assert http.post("/continue_generation", json={}, headers=admin).status_code == 200
+        info = http.get("/server_info", headers=gen).json()
+        assert info["weight_update_groups"] == [] and not info.get("paused")
+        out = http.post("/generate", json=BODIES["/generate"], headers=gen)
+        assert out.status_code == 200 and out.json()["meta_info"]["completion_tokens"] == 4
