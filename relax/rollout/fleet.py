@@ -566,8 +566,9 @@ class EngineFleet:
         for task in [self._health_task, self._drain_task, *self._background]:
             if task is not None:
                 task.cancel()
-        await asyncio.gather(*(self._release(eid, grace_s=5.0) for eid in self.launcher.engine_ids()),
-                             return_exceptions=True)
+        # each engine's own shutdown, together: SGLang's takes up to ~5 s (its SIGTERM watchdog looks every 5 s)
+        await asyncio.gather(*(self._release(eid, grace_s=self.settings.shutdown_timeout_s)
+                               for eid in self.launcher.engine_ids()), return_exceptions=True)
         for engine_id in list(self._slots):  # owned groups of engines whose process never started
             self.launcher.release(self._slots[engine_id])
         for client in list(self._clients.values()):
