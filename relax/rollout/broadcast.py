@@ -182,7 +182,7 @@ async def send_version(engine_id: str, client: Any, group: EngineGroup, version:
             sent = 0
             for index, spec in enumerate(specs):
                 sent += await _one_bucket(client, group, version, index, spec, last=index == len(specs) - 1,
-                                          flush=pause_mode.flushes_cache, timeout_s=timeout_s)
+                                          flush=PauseMode(pause_mode).flushes_cache, timeout_s=timeout_s)
             transfer_s = time.monotonic() - transfer_began
             await asyncio.wait_for(client.end_weight_update(), timeout_s)
     finally:
