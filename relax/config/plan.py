@@ -565,7 +565,8 @@ def engines_text(count: int, backend: str, python: str | None, gpus_per_engine: 
     if backend == "builtin":
         return f"{count} x builtin (python {own}), {gpus}"
     if backend == "sglang":
-        return f"{count} x sglang (python {python or own}), {gpus}"
+        return (f"{count} x sglang (python {python or own}), {gpus}; on a node without CUDA, SGLang's CPU platform "
+                "(bf16, an attention backend the model's head size supports, a core set per engine)")
     return (f"{count} x auto: sglang (python {python or own}) if the engine's GPUs are CUDA devices, else builtin; "
             f"decided on the first engine's node at start, {gpus}")
 

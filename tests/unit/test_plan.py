@@ -425,6 +425,7 @@ def test_bundle_to_ray():
 def test_the_plan_names_the_backend_and_the_interpreter(recipe_argv):
     text = format_plan(plan_from_args(parse_args(recipe_argv), env={"RELAX_SGLANG_PYTHON": "/opt/sglang/bin/python"}))
     assert "rollout engines  4 x sglang (python /opt/sglang/bin/python), 1 GPU each" in text
+    assert "on a node without CUDA, SGLang's CPU platform (bf16" in text  # what Relax chooses there, said up front
     argv = [*recipe_argv, "--sglang-python", "/venvs/sg/bin/python"]  # the flag wins over the environment
     text = format_plan(plan_from_args(parse_args(argv), env={"RELAX_SGLANG_PYTHON": "/opt/sglang/bin/python"}))
     assert "4 x sglang (python /venvs/sg/bin/python)" in text
