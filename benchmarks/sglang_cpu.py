@@ -188,10 +188,7 @@ def measure_sglang(model_dir: str, logs: Path, python: str, prompt: str, args: a
     result: dict[str, Any] = {"launch": prepared.summary}
     try:
         _start(server, result)
-        result["throughput"] = asyncio.run(_throughput(spec.url, prompt, args.max_new_tokens, args.warmup_tokens,
-                                                       args.sequential))
-        print(f"  throughput: {result['throughput'][str(CONCURRENCY)]['tokens_per_s']} tok/s at {CONCURRENCY}, "
-              f"{result['throughput']['1']['tokens_per_s']} at 1", flush=True)
+        result["throughput"] = _measure_throughput(spec.url, prompt, args)
         result["refit"] = asyncio.run(_refit(spec.url, model_dir, args.refits, args.bucket_mib * 2**20))
     except Exception as exc:  # noqa: BLE001 - reported in the JSON; the other engine still runs
         _error(result, exc, server)
@@ -199,6 +196,13 @@ def measure_sglang(model_dir: str, logs: Path, python: str, prompt: str, args: a
         _stop(server, result)
         prepared.release()
     return result
+
+
+def _measure_throughput(url: str, prompt: str, args: argparse.Namespace) -> dict:
+    throughput = asyncio.run(_throughput(url, prompt, args.max_new_tokens, args.warmup_tokens, args.sequential))
+    print(f"  throughput: {throughput[str(CONCURRENCY)]['tokens_per_s']} tok/s at {CONCURRENCY}, "
+          f"{throughput['1']['tokens_per_s']} at 1", flush=True)
+    return throughput
 
 
 def measure_builtin(model_dir: str, logs: Path, prompt: str, args: argparse.Namespace) -> dict:
@@ -210,10 +214,7 @@ def measure_builtin(model_dir: str, logs: Path, prompt: str, args: argparse.Name
     result: dict[str, Any] = {"threads": args.threads}
     try:
         _start(server, result)
-        result["throughput"] = asyncio.run(_throughput(spec.url, prompt, args.max_new_tokens, args.warmup_tokens,
-                                                       args.sequential))
-        print(f"  throughput: {result['throughput'][str(CONCURRENCY)]['tokens_per_s']} tok/s at {CONCURRENCY}, "
-              f"{result['throughput']['1']['tokens_per_s']} at 1", flush=True)
+        result["throughput"] = _measure_throughput(spec.url, prompt, args)
     except Exception as exc:  # noqa: BLE001 - reported in the JSON
         _error(result, exc, server)
     finally:

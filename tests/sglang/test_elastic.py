@@ -22,18 +22,6 @@ from tests.sglang.test_training import RefitWatcher, expected_checksums
 pytestmark = pytest.mark.timeout(900)
 
 
-def post(api: RunApi, path: str, body: dict) -> dict:
-    response = httpx.post(f"{api.url}{path}", json=body, timeout=10, trust_env=False, headers=api.headers())
-    assert response.status_code == 200, response.text
-    return response.json()
-
-
-def request_done(api: RunApi, direction: str, request_id: str) -> dict | None:
-    record = httpx.get(f"{api.url}/rollout/{direction}/{request_id}", timeout=5, trust_env=False,
-                       headers=api.headers()).json()
-    return record if record["status"] in ("ACTIVE", "PARTIAL", "FAILED", "CANCELLED", "COMPLETED") else None
-
-
 def test_scale_out_and_in_with_real_sglang_engines(tiny_preset, sglang_python: str, tmp_path: Path) -> None:
     shm_before = set(os.listdir(SHM_DIR))
     port = free_port()
