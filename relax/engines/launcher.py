@@ -296,8 +296,9 @@ class ServerProcess:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise self._launch_error(f"not healthy after {timeout:.0f}s (last probe: {last_problem})", None)
-                if not self._ledger.pids:  # the group's processes and shared memory, for the sweep at stop
-                    self._ledger.note(self._proc.pid)
+                # the group's processes and shared memory, noted while it starts (a server that dies in its warm-up
+                # never reaches the note at healthy, and its scheduler's files must be swept all the same)
+                self._ledger.note(self._proc.pid)
                 try:
                     response = http.get(url, timeout=max(0.1, min(remaining, _MAX_PROBE_S)))
                     if response.status_code == 200:

@@ -76,8 +76,13 @@ def test_a_server_that_dies_in_warm_up_is_reported_with_its_own_error_line(tiny_
     """SGLang kills its own process tree (SIGKILL) after an error in its warm-up, which looks like the OOM
     killer; the launch error names SGLang's own last error line instead (here a context length the warm-up
     prompt does not fit; on AMX machines the tiny preset's head size 16 fails the same way with intel_amx)."""
+    before = set(os.listdir(SHM_DIR))
     with pytest.raises(ServerLaunchError) as caught:
         start_sglang(tiny_preset.model_dir, tmp_path, name="engine_bad", extra_args=("--context-length", "16"))
+    # what its processes made went with them; but for the name of a multiprocessing semaphore (32 bytes) that no
+    # process maps, which SGLang's resource tracker would unlink had SGLang's own SIGKILL not taken it down too
+    left = {name for name in set(os.listdir(SHM_DIR)) - before if not name.startswith("sem.mp-")}
+    assert left == set(), left
     first_line = str(caught.value).splitlines()[0]
     assert "longer than the model's context length (16 tokens)" in first_line, first_line
     assert "out of memory" not in first_line
