@@ -34,13 +34,12 @@ import time
 from pathlib import Path
 
 import httpx
-from report import machine, save_report
+from report import bench_model, machine, save_report
 
 from relax.cluster.network import free_port
 from relax.engines.builtin.model_impl import MODEL_IMPL_CHOICES
 from relax.engines.launcher import BuiltinOptions, ServerProcess, builtin_spec
 from relax.engines.loadgen import run_burst
-from relax.presets.tiny import build_tiny_preset
 
 PROMPT = "What is 4 + 5?"
 
@@ -160,13 +159,7 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/results/engine_throughput.json")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="relax-bench-") as tmp:
-        if args.model_path:
-            model_dir, model_name = args.model_path, Path(args.model_path).resolve().as_posix()
-            if not (Path(model_dir) / "config.json").is_file():
-                parser.error(f"--model-path {model_dir}: no config.json there; pass a Hugging Face checkpoint "
-                             f"directory (e.g. the model/ of `relax preset smollm2 --out DIR`)")
-        else:
-            model_dir, model_name = str(build_tiny_preset(Path(tmp) / "tiny").model_dir), "tiny preset"
+        model_dir, model_name = bench_model(args.model_path, tmp, parser)
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(model_dir)

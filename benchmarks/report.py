@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -20,3 +21,16 @@ def save_report(report: dict[str, Any], out: str | Path) -> None:
     text = json.dumps(report, indent=2)
     path.write_text(text + "\n")
     print(text)
+
+
+def bench_model(model_path: str | None, tmp: str | Path, parser: argparse.ArgumentParser) -> tuple[str, str]:
+    """The benchmark's model: ``--model-path`` (a Hugging Face checkpoint directory), else the tiny preset built
+    in ``tmp``; returns (directory, name for the report). A directory without config.json is a usage error."""
+    if model_path:
+        if not (Path(model_path) / "config.json").is_file():
+            parser.error(f"--model-path {model_path}: no config.json there; pass a Hugging Face checkpoint "
+                         f"directory (e.g. the model/ of `relax preset smollm2 --out DIR`)")
+        return model_path, Path(model_path).resolve().as_posix()
+    from relax.presets.tiny import build_tiny_preset
+
+    return str(build_tiny_preset(Path(tmp) / "tiny").model_dir), "tiny preset"

@@ -51,7 +51,7 @@ from typing import Any
 
 import httpx
 import torch
-from report import machine, save_report
+from report import bench_model, machine, save_report
 from weight_sync import raw_broadcast_seconds  # also puts the repository root on sys.path
 
 from relax.cluster.network import free_port
@@ -245,15 +245,7 @@ def main() -> int:
     began = time.perf_counter()
     load_at_start = [round(x, 2) for x in os.getloadavg()]
     with tempfile.TemporaryDirectory(prefix="relax-bench-sglang-") as tmp:
-        if args.model_path:
-            model_dir, model_name = args.model_path, Path(args.model_path).resolve().as_posix()
-            if not (Path(model_dir) / "config.json").is_file():
-                parser.error(f"--model-path {model_dir}: no config.json there; pass a Hugging Face checkpoint "
-                             f"directory (e.g. the model/ of `relax preset smollm2 --out DIR`)")
-        else:
-            from relax.presets.tiny import build_tiny_preset
-
-            model_dir, model_name = str(build_tiny_preset(Path(tmp) / "tiny").model_dir), "tiny preset"
+        model_dir, model_name = bench_model(args.model_path, tmp, parser)
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(model_dir)

@@ -31,13 +31,12 @@ import time
 from pathlib import Path
 
 import psutil
-from report import machine, save_report
+from report import bench_model, machine, save_report
 
 from relax.cluster.network import free_port
 from relax.engines.client import EngineClient
 from relax.engines.event_stream import EventStream
 from relax.engines.launcher import BuiltinOptions, ServerProcess, builtin_spec
-from relax.presets.tiny import build_tiny_preset
 
 PROMPT = "What is 4 + 5?"
 CONCURRENCY = 16
@@ -125,13 +124,7 @@ def main() -> None:
     modes = ["plain", *dict.fromkeys([f"stream_{args.interval}", "stream_1"])]
     params = {"max_new_tokens": args.max_new_tokens, "ignore_eos": True, "temperature": 1.0}
     with tempfile.TemporaryDirectory(prefix="relax-bench-") as tmp:
-        if args.model_path:
-            model_dir, model_name = args.model_path, Path(args.model_path).resolve().as_posix()
-            if not (Path(model_dir) / "config.json").is_file():
-                parser.error(f"--model-path {model_dir}: no config.json there; pass a Hugging Face checkpoint "
-                             f"directory (e.g. the model/ of `relax preset smollm2 --out DIR`)")
-        else:
-            model_dir, model_name = str(build_tiny_preset(Path(tmp) / "tiny").model_dir), "tiny preset"
+        model_dir, model_name = bench_model(args.model_path, tmp, parser)
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(model_dir)
