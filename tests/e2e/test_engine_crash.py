@@ -54,6 +54,34 @@ def server_pid(driver_pid: int, url: str) -> int:
     raise AssertionError(f"no engine server on port {port} under the driver")
 
 
+def assert_crash_lost_nothing(text: str, samples_path: Path, *, steps: int) -> list[tuple[str, str]]:
+    """After an engine died mid-generation: its requests continued from their prefixes (no token regenerated),
+    every step has its BATCH groups of N samples exactly once, and stitched samples' version spans cover every
+    token in order. Returns the dispatcher's (segments, tokens) of each continued request."""
+    # the run is over in seconds, so the dispatcher's own lines tell what happened to engine_1's requests
+    continued = re.findall(r"request continued on engine_\d+: (\d+) segment\(s\), (\d+) token", text)
+    assert continued and all(int(segments) >= 2 for segments, _ in continued), text[-3000:]
+    assert "thrown away and regenerated" not in text  # every streamed token kept
+    samples = [json.loads(line) for line in samples_path.read_text().splitlines()]
+    by_step: dict[int, list[dict]] = {}
+    for s in samples:
+        by_step.setdefault(s["step"], []).append(s)
+    assert sorted(by_step) == list(range(steps))
+    for step, rows in by_step.items():  # every sample exactly once: BATCH groups of N, no duplicate
+        assert len(rows) == BATCH * N, step
+        groups: dict[int, set[int]] = {}
+        for s in rows:
+            groups.setdefault(s["prompt_index"], set()).add(s["sample_index"])
+        assert sorted(map(sorted, groups.values())) == [list(range(N))] * BATCH, (step, groups)
+        for s in rows:  # stitched samples are whole: their version spans cover every token, in order
+            ids = s["response_token_ids"]
+            assert 0 < len(ids) <= MAX_NEW_TOKENS
+            spans = s["weight_version_spans"]
+            assert spans[0][1] == 0 and spans[-1][2] == len(ids)
+            assert all(a[2] == b[1] for a, b in zip(spans, spans[1:], strict=False))
+    return continued
+
+
 def test_an_engine_killed_mid_generation_loses_no_sample_and_keeps_its_tokens(tiny_preset, tmp_path: Path) -> None:
     port = free_port()
     api = RunApi(f"http://127.0.0.1:{port}")
@@ -97,25 +125,5 @@ def test_an_engine_killed_mid_generation_loses_no_sample_and_keeps_its_tokens(ti
     text = log_path.read_text(errors="replace")
     assert driver.returncode == 0, text[-4000:]
     assert "engine_1 failed" in text
-    # the run is over in seconds, so the dispatcher's own lines tell what happened to engine_1's requests
-    continued = re.findall(r"request continued on engine_\d+: (\d+) segment\(s\), (\d+) token", text)
-    assert continued and all(int(segments) >= 2 for segments, _ in continued)
-    assert "thrown away and regenerated" not in text  # every streamed token kept
-    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
-    by_step: dict[int, list[dict]] = {}
-    for s in samples:
-        by_step.setdefault(s["step"], []).append(s)
-    assert sorted(by_step) == list(range(12))
-    for step, rows in by_step.items():  # every sample exactly once: BATCH groups of N, no duplicate
-        assert len(rows) == BATCH * N, step
-        groups: dict[int, set[int]] = {}
-        for s in rows:
-            groups.setdefault(s["prompt_index"], set()).add(s["sample_index"])
-        assert sorted(map(sorted, groups.values())) == [list(range(N))] * BATCH, (step, groups)
-        for s in rows:  # stitched samples are whole: their version spans cover every token, in order
-            ids = s["response_token_ids"]
-            assert 0 < len(ids) <= MAX_NEW_TOKENS
-            spans = s["weight_version_spans"]
-            assert spans[0][1] == 0 and spans[-1][2] == len(ids)
-            assert all(a[2] == b[1] for a, b in zip(spans, spans[1:], strict=False))
+    continued = assert_crash_lost_nothing(text, out / "samples.jsonl", steps=12)
     print(f"engine crash mid-generation: {len(continued)} request(s) continued elsewhere, 0 tokens regenerated")

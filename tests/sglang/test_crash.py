@@ -9,9 +9,7 @@ takes its admin key, which the test reads from the engine's private keys file, a
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import signal
 import subprocess
 from pathlib import Path
@@ -24,12 +22,10 @@ import yaml
 from relax.cluster.network import free_port
 from relax.demo.elastic import RunApi, wait_until
 from relax.demo.local import train_argv
-from tests.e2e.test_engine_crash import batch
+from tests.e2e.test_engine_crash import BATCH, MAX_NEW_TOKENS, N, assert_crash_lost_nothing, batch
 
 pytestmark = pytest.mark.timeout(900)
 
-MAX_NEW_TOKENS = 96
-BATCH, N = 4, 4
 STEPS = 8
 GENERATION_KEY = "crash-sglang-generation-key"
 
@@ -89,24 +85,5 @@ def test_a_real_engine_killed_mid_generation_loses_no_sample_and_keeps_its_strea
     text = log_path.read_text(errors="replace")
     assert driver.returncode == 0, text[-4000:]
     assert "engine_1 failed" in text
-    continued = re.findall(r"request continued on engine_\d+: (\d+) segment\(s\), (\d+) token", text)
-    assert continued and all(int(segments) >= 2 for segments, _ in continued), text[-3000:]
-    assert "thrown away and regenerated" not in text  # every streamed token kept
-    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
-    by_step: dict[int, list[dict]] = {}
-    for s in samples:
-        by_step.setdefault(s["step"], []).append(s)
-    assert sorted(by_step) == list(range(STEPS))
-    for step, rows in by_step.items():  # every sample exactly once: BATCH groups of N, no duplicate
-        assert len(rows) == BATCH * N, step
-        groups: dict[int, set[int]] = {}
-        for s in rows:
-            groups.setdefault(s["prompt_index"], set()).add(s["sample_index"])
-        assert sorted(map(sorted, groups.values())) == [list(range(N))] * BATCH, (step, groups)
-        for s in rows:  # stitched samples are whole: their version spans cover every token, in order
-            ids = s["response_token_ids"]
-            assert 0 < len(ids) <= MAX_NEW_TOKENS
-            spans = s["weight_version_spans"]
-            assert spans[0][1] == 0 and spans[-1][2] == len(ids)
-            assert all(a[2] == b[1] for a, b in zip(spans, spans[1:], strict=False))
+    continued = assert_crash_lost_nothing(text, out / "samples.jsonl", steps=STEPS)
     print(f"real SGLang crash mid-generation: {len(continued)} request(s) continued elsewhere, 0 regenerated")
