@@ -47,6 +47,9 @@ class EngineBackend(Protocol):
     options_type: ClassVar[type]
     #: dtype name the trainer publishes weights in for these engines (None: the trainer's own).
     publication_dtype: ClassVar[str | None]
+    #: How the server lays out the model it serves: what its ``/weights_checker`` checksums are of
+    #: (``relax.training.weight_digest.ChecksumLayout``).
+    checksum_layout: ClassVar[str]
     #: Whether the server needs a port of its own for its weight-update group rendezvous.
     needs_nccl_port: ClassVar[bool]
 
@@ -76,6 +79,7 @@ class BuiltinBackend:
     name: ClassVar[str] = "builtin"
     options_type: ClassVar[type] = BuiltinOptions
     publication_dtype: ClassVar[str | None] = None  # fp32 on CPU: the tests compare log-probs to 1e-4
+    checksum_layout: ClassVar[str] = "hf"  # it serves the Hugging Face model as it is
     needs_nccl_port: ClassVar[bool] = False
 
     def options(self, *, gpus_per_engine: int, max_running_requests: int | None, extra_args: tuple[str, ...],
@@ -102,6 +106,7 @@ class SGLangBackend:
     name: ClassVar[str] = "sglang"
     options_type: ClassVar[type] = SGLangOptions
     publication_dtype: ClassVar[str | None] = "bfloat16"
+    checksum_layout: ClassVar[str] = "sglang"  # fused qkv/gate_up, padded vocabulary, tied head dropped
     needs_nccl_port: ClassVar[bool] = True
 
     def options(self, *, gpus_per_engine: int, max_running_requests: int | None, extra_args: tuple[str, ...],

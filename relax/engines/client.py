@@ -93,6 +93,10 @@ class EngineError(RuntimeError):
         )
 
 
+class WeightsUncheckable(EngineError):
+    """The engine answers, but cannot report what weights it serves (``/weights_checker``): it is not verified."""
+
+
 class EngineUnavailable(EngineError):
     """The engine is unreachable, timed out or overloaded: retry the request on another engine."""
 
@@ -612,3 +616,27 @@ class EngineClient:
                 endpoint=endpoint,
             )
         return str(body["weight_version"])
+
+    async def weights_checksums(self, *, timeout: float | None = _UNSET) -> dict[str, str]:
+        """``POST /weights_checker {"action": "checksum"}``: the checksum of every tensor the engine serves
+        (``relax.training.weight_digest`` says what they are of). An admin route.
+
+        Raises :class:`WeightsUncheckable` when the engine cannot answer the question (no such route, no checksum
+        action, more than one tensor-parallel rank), and ``EngineError`` when it did not answer at all.
+        """
+        endpoint = "/weights_checker"
+        try:
+            body = await self._post_json(endpoint, {"action": "checksum"}, timeout=timeout)
+        except EngineError as exc:
+            if exc.status_code in (400, 404, 405):
+                raise WeightsUncheckable(f"{self.base_url} cannot report weight checksums: {exc}", url=self.base_url,
+                                         endpoint=endpoint, status_code=exc.status_code) from exc
+            raise
+        ranks = body.get("ranks") if isinstance(body, dict) else None
+        if not ranks or not isinstance(ranks[0], dict) or not isinstance(ranks[0].get("checksums"), dict):
+            raise WeightsUncheckable(f"{self.base_url} answered /weights_checker without per-tensor checksums: "
+                                     f"{body!r:.200}", url=self.base_url, endpoint=endpoint)
+        if len(ranks) > 1:
+            raise WeightsUncheckable(f"{self.base_url} serves with {len(ranks)} ranks; weight verification covers "
+                                     "one (tensor parallelism 1)", url=self.base_url, endpoint=endpoint)
+        return {str(k): str(v) for k, v in ranks[0]["checksums"].items()}

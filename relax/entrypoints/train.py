@@ -393,10 +393,10 @@ class Driver:
 
     # ------------------------------------------------------------------ loop
     def _publish(self, version: int) -> float:
-        from relax.training.publisher import publication_dtype, publish
+        from relax.training.publisher import checksum_layout, publication_dtype, publish
 
         publication = publish(self.trainer, self.manager, version, self.args.weight_sync,
-                              dtype=publication_dtype(self.backend),
+                              dtype=publication_dtype(self.backend), layout=checksum_layout(self.backend),
                               backend=self._broadcast_backend(), bucket_bytes=self.args.update_weight_buffer_size)
         return publication.gather_s
 

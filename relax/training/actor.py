@@ -608,6 +608,8 @@ class TrainerActor:
             norm = norm.full_tensor()
         grad_norm = float(norm)
         skipped = not math.isfinite(grad_norm)
+        if self.sender is not None:  # the weights held for broadcast are copied in behind the step: not yet changed
+            self.sender.wait_copied()
         if not skipped and scaler is not None:
             scaler.step(self.optimizer)
         elif not skipped:
@@ -662,10 +664,12 @@ class TrainerActor:
     # ---- broadcast weight updates (relax.training.sender; the manager drives them)
 
     def hold_weights(self, version: int, dtype: str | None = None, backend: str = "gloo",
-                     bucket_bytes: int = BROADCAST_BUCKET_BYTES) -> WeightManifest | None:
+                     bucket_bytes: int = BROADCAST_BUCKET_BYTES, layout: str = "hf") -> WeightManifest | None:
         """Gather the full weights (collective) and keep them on rank 0 for broadcast as ``version``.
 
-        Returns the manifest (rank 0; others None): the bytes stay here, only their description travels.
+        Returns the manifest (rank 0; others None) as soon as the weights are gathered: the bytes stay here and are
+        copied into the send buffers in the background, only their description travels. ``layout`` is how the
+        engines hold the model, which is what the version's checksums are of (``relax.training.weight_digest``).
         """
         state = self.full_state_dict()
         if self.rank != 0:
@@ -677,7 +681,7 @@ class TrainerActor:
             device = self.device if backend == "nccl" else torch.device("cpu")
             self.sender = WeightSender(node_ip(), device=device)
         return self.sender.hold(version, state, dtype=dtype_from_name(dtype) if dtype else None,
-                                bucket_bytes=bucket_bytes)
+                                bucket_bytes=bucket_bytes, layout=layout)
 
     def _sender(self) -> WeightSender:
         if self.sender is None:
@@ -697,6 +701,9 @@ class TrainerActor:
 
     def weights_release(self, version: int) -> None:
         self._sender().release(version)
+
+    def weights_checksums(self, version: int, timeout_s: float) -> dict[str, str]:
+        return self._sender().checksums(version, timeout_s)
 
     def weights_broadcast(self, name: str, version: int, index: int) -> int:
         return self._sender().broadcast(name, version, index)

@@ -248,13 +248,13 @@ class TrainerGroup:
         return state
 
     def hold_weights(self, version: int, *, dtype: str | None = None, backend: str = "gloo",
-                     bucket_bytes: int | None = None) -> Any:
+                     bucket_bytes: int | None = None, layout: str = "hf") -> Any:
         """Gather the full weights and keep them on rank 0 for broadcast as ``version``; returns the manifest.
 
         The bytes stay in rank 0 (``sender``); the rollout manager asks it for each bucket per engine.
         """
         t0 = time.perf_counter()
-        extra = {} if bucket_bytes is None else {"bucket_bytes": bucket_bytes}
+        extra = {"layout": layout} if bucket_bytes is None else {"bucket_bytes": bucket_bytes, "layout": layout}
         manifest = self._call_all("hold_weights", version, dtype, backend, **extra)[0]
         logger.debug("trainer group: v%d held for broadcast (%d tensors, %.1f MiB) in %.3fs", version,
                     manifest.num_tensors, manifest.total_bytes / 2**20, time.perf_counter() - t0)

@@ -16,13 +16,17 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["WEIGHTS_CONCURRENCY_GROUP", "PublishedWeights", "WeightManifest", "WeightRegistry"]
+__all__ = ["WEIGHTS_CONCURRENCY_GROUP", "PublishedWeights", "WeightConflict", "WeightManifest", "WeightRegistry"]
 
 logger = logging.getLogger(__name__)
 
 #: The trainer actor's Ray concurrency group of the ``weights_*`` methods (calls name it per call): rank 0's
 #: broadcast sends run on threads of their own, beside a step.
 WEIGHTS_CONCURRENCY_GROUP = "weights"
+
+
+class WeightConflict(ValueError):
+    """A version number published again with other weights: a version names one set of weights, everywhere."""
 
 
 def _nbytes(t: Any) -> int:
@@ -43,6 +47,9 @@ class WeightManifest:
     dtypes: tuple[str, ...]
     total_bytes: int
     bucket_sizes: tuple[int, ...] = ()
+    #: Per served tensor, what an engine holding this version reports on ``/weights_checker``, when the publisher
+    #: computed them (the object-store path); a broadcast version's are asked of the trainer's rank 0.
+    checksums: Mapping[str, str] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.version < 0:
@@ -135,6 +142,9 @@ class WeightRegistry:
         if sender is None and manifest.bucket_sizes and len(manifest.bucket_sizes) != len(bucket_refs):
             raise ValueError(f"{len(bucket_refs)} bucket refs for a manifest of {len(manifest.bucket_sizes)} buckets")
         with self._lock:
+            held = self._versions.get(version)
+            if held is not None:
+                return self._again(held, manifest, sender)
             latest = max(self._versions, default=None)
             if latest is not None and version <= latest:
                 raise ValueError(f"weight versions must strictly increase: got {version} after {latest}")
@@ -146,6 +156,22 @@ class WeightRegistry:
                     manifest.num_tensors, len(manifest.bucket_sizes) or len(bucket_refs),
                     manifest.total_bytes / 2**20, "broadcast" if sender is not None else "object store")
         return entry
+
+    @staticmethod
+    def _again(held: PublishedWeights, manifest: WeightManifest, sender: Any) -> PublishedWeights:
+        """A version registered again: the same publication is a no-op (a retried call), any other a conflict.
+
+        A broadcast version's weights were compared by the sender that holds them before it got here; an
+        object-store version's are compared here, by their checksums.
+        """
+        same = (held.manifest == manifest and (held.sender is None) == (sender is None)
+                and (sender is None or held.sender == sender)
+                and held.manifest.checksums == manifest.checksums)
+        if not same:
+            raise WeightConflict(f"weight version {held.version} is already published with other weights or from "
+                                 "another sender: a version number names one set of weights (publish a new version)")
+        logger.info("weights: version %d published again, the same: nothing to do", held.version)
+        return held
 
     def latest(self) -> PublishedWeights | None:
         with self._lock:

@@ -21,7 +21,7 @@ from typing import Any
 
 from relax.config.flags import WeightSyncPath
 
-__all__ = ["Publication", "publication_dtype", "publish", "publish_state"]
+__all__ = ["Publication", "checksum_layout", "publication_dtype", "publish", "publish_state"]
 
 
 @dataclass(frozen=True)
@@ -51,31 +51,49 @@ def publication_dtype(engine_backend: str) -> Any:
     return None if name is None else getattr(torch, name)
 
 
+def checksum_layout(engine_backend: str) -> str:
+    """How the engines of ``engine_backend`` hold the model: what a version's checksums are of
+    (``relax.training.weight_digest``)."""
+    from relax.engines.backends import engine_backend as adapter
+
+    return adapter(engine_backend).checksum_layout
+
+
 def publish_state(manager: Any, version: int, state: Mapping[str, Any], *, dtype: Any = None,
-                  began: float | None = None) -> Publication:
-    """Put ``state`` into the object store as buckets and register it with the manager as ``version``."""
+                  began: float | None = None, layout: str = "hf") -> Publication:
+    """Put ``state`` into the object store as buckets and register it with the manager as ``version``, with the
+    checksums an engine serving it in ``layout`` reports."""
+    import dataclasses
+
     import ray
 
     from relax.training.publication import WeightManifest
+    from relax.training.weight_digest import layout_checksums
     from relax.training.weights import make_buckets
 
     began = time.monotonic() if began is None else began
     buckets = make_buckets(state, dtype=dtype)
     refs = [ray.put(b) for b in buckets]
-    manifest = WeightManifest.from_buckets(version, buckets)
+    manifest = dataclasses.replace(WeightManifest.from_buckets(version, buckets), checksums=layout_checksums(
+        {name: t for bucket in buckets for name, t in bucket.items()}, layout))
     gather_s = time.monotonic() - began
     return Publication(version, manifest, gather_s, manager.publish_weights.remote(version, refs, manifest),
                        tuple(refs))
 
 
 def publish(trainer: Any, manager: Any, version: int, path: WeightSyncPath | str = WeightSyncPath.BROADCAST, *,
-            dtype: Any = None, backend: str = "gloo", bucket_bytes: int | None = None) -> Publication:
-    """Publish the trainer's current weights as ``version`` by ``path``; returns without waiting for engines."""
+            dtype: Any = None, backend: str = "gloo", bucket_bytes: int | None = None,
+            layout: str = "hf") -> Publication:
+    """Publish the trainer's current weights as ``version`` by ``path``; returns without waiting for engines.
+
+    ``layout``: how the engines hold the model (:func:`checksum_layout`), which the version's checksums follow.
+    Publishing a version again is a no-op with the same weights and refused with others (``WeightConflict``).
+    """
     began = time.monotonic()
     if WeightSyncPath(path) is WeightSyncPath.BROADCAST:  # the bytes stay in rank 0; engines receive them from it
         manifest = trainer.hold_weights(version, dtype=None if dtype is None else str(dtype).removeprefix("torch."),
-                                        backend=backend, bucket_bytes=bucket_bytes)
+                                        backend=backend, bucket_bytes=bucket_bytes, layout=layout)
         gather_s = time.monotonic() - began
         return Publication(version, manifest, gather_s,
                            manager.publish_weights.remote(version, [], manifest, trainer.sender))
-    return publish_state(manager, version, trainer.full_state_dict(), dtype=dtype, began=began)
+    return publish_state(manager, version, trainer.full_state_dict(), dtype=dtype, began=began, layout=layout)

@@ -14,6 +14,7 @@ brings it to k+1); anything older has been superseded and is refused with a clea
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -25,11 +26,12 @@ from typing import Any
 import torch
 
 from relax.cluster.weight_group import WeightGroup, host_rendezvous, init_weight_group
-from relax.training.flat_bucket import BucketSpec, flatten
-from relax.training.publication import WeightManifest
+from relax.training.flat_bucket import BucketSpec, flatten, unflatten
+from relax.training.publication import WeightConflict, WeightManifest
+from relax.training.weight_digest import ChecksumLayout, layout_checksums, version_digest
 from relax.training.weights import make_buckets
 
-__all__ = ["BROADCAST_BUCKET_BYTES", "HeldVersion", "WeightSender"]
+__all__ = ["BROADCAST_BUCKET_BYTES", "HeldVersion", "WeightConflict", "WeightSender"]
 
 log = logging.getLogger(__name__)
 
@@ -37,16 +39,39 @@ log = logging.getLogger(__name__)
 #: (an HTTP call, an actor call, a collective), so fewer and larger ones are faster; the engine keeps one
 #: receive buffer of this size. 512 MiB is slime's default for the same setting.
 BROADCAST_BUCKET_BYTES = 512 * 2**20
+#: How long a broadcast waits for its bucket to be copied in (a copy runs at memory speed: minutes mean trouble).
+COPY_TIMEOUT_S = 300.0
 
-@dataclass(frozen=True)
+@dataclass
 class HeldVersion:
+    """One version on rank 0: its buckets' buffers, each filled in the background (``ready``), and its checksums.
+
+    The hold returns once the buffers are chosen; a background thread copies the weights in bucket by bucket, so
+    the first bucket is on the wire while the next is copied. ``broadcast`` waits for its own bucket only.
+    """
+
     version: int
     specs: tuple[BucketSpec, ...]
     buffers: tuple[torch.Tensor, ...]
+    layout: str = ChecksumLayout.HF.value
+    ready: tuple[Future[None], ...] = ()
+    checksums: Future[dict[str, str]] | None = None  # computed once, on the first request
 
     @property
     def nbytes(self) -> int:
         return sum(b.numel() for b in self.buffers)
+
+    def wait_ready(self, index: int | None = None, timeout_s: float | None = None) -> None:
+        """Until bucket ``index`` (every bucket: None) is copied in; raises the copy's error."""
+        for future in self.ready if index is None else self.ready[index:index + 1]:
+            future.result(timeout=timeout_s)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """Every tensor of the version, as views of the held buffers (after ``wait_ready``)."""
+        out: dict[str, torch.Tensor] = {}
+        for buffer, spec in zip(self.buffers, self.specs, strict=True):
+            out.update(unflatten(buffer, spec))
+        return out
 
 
 class WeightSender:
@@ -63,23 +88,35 @@ class WeightSender:
         self._pending: dict[str, Future[WeightGroup]] = {}
         self._lock = threading.Lock()
         self._joiner = ThreadPoolExecutor(max_workers=4, thread_name_prefix="relax-weight-group")
+        # one copier: versions are copied in in the order they were held
+        self._copier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="relax-weight-copy")
 
     # ------------------------------------------------------------------ versions
     def hold(self, version: int, state: Mapping[str, torch.Tensor], *, dtype: torch.dtype | None = None,
-             bucket_bytes: int = BROADCAST_BUCKET_BYTES) -> WeightManifest:
-        """Keep ``state`` as version ``version`` (flattened copies); returns its manifest in wire order."""
+             bucket_bytes: int = BROADCAST_BUCKET_BYTES, layout: ChecksumLayout | str = ChecksumLayout.HF
+             ) -> WeightManifest:
+        """Keep ``state`` as version ``version``; returns its manifest in wire order at once, while the copies are
+        made in the background (``state`` must not change until :meth:`wait_copied`: the trainer's next optimizer
+        step waits for it).
+
+        Holding a version that is already held is a no-op when the weights are the same (a retried publication)
+        and a :class:`WeightConflict` when they are not; a version older than the newest is refused.
+        """
         t0 = time.perf_counter()
+        layout = ChecksumLayout(layout).value
+        buckets = make_buckets(state, bucket_bytes, dtype=dtype)
         with self._lock:
             latest = max(self._versions, default=None)
+            again = self._versions.get(version)
+        if again is not None:
+            return self._hold_again(again, buckets, layout)
         if latest is not None and version <= latest:
             raise ValueError(f"weight versions must strictly increase: got {version} after {latest}")
-        buckets = make_buckets(state, bucket_bytes, dtype=dtype)
         specs = [BucketSpec.of(bucket) for bucket in buckets]
         spare = self._spare_buffers([spec.nbytes for spec in specs])
-        buffers = []
-        for bucket, spec, out in zip(buckets, specs, spare, strict=True):
-            buffers.append(flatten(bucket, spec, device=self.device, out=out)[0])
-        held = HeldVersion(version, tuple(specs), tuple(buffers))
+        buffers = tuple(out if out is not None else torch.empty(spec.nbytes, dtype=torch.uint8, device=self.device)
+                        for spec, out in zip(specs, spare, strict=True))
+        held = HeldVersion(version, tuple(specs), buffers, layout, tuple(Future() for _ in specs))
         ordered = [{name: bucket[name] for name in spec.names} for bucket, spec in zip(buckets, specs, strict=True)]
         manifest = WeightManifest.from_buckets(version, ordered)
         with self._lock:
@@ -88,9 +125,73 @@ class WeightSender:
                 raise ValueError(f"weight versions must strictly increase: got {version} after {latest}")
             self._versions[version] = held
             self._trim()
-        log.debug("weights v%d held for broadcast: %d buckets, %.1f MiB in %.3fs", version, len(specs),
-                 held.nbytes / 2**20, time.perf_counter() - t0)
+        self._copier.submit(self._copy_in, held, ordered, t0)
         return manifest
+
+    def _copy_in(self, held: HeldVersion, buckets: list[dict[str, torch.Tensor]], t0: float) -> None:
+        """The background half of a hold: each bucket flattened into its buffer, in wire order."""
+        for bucket, spec, buffer, ready in zip(buckets, held.specs, held.buffers, held.ready, strict=True):
+            try:
+                flatten(bucket, spec, out=buffer)
+            except BaseException as exc:  # noqa: BLE001 - every waiter of this bucket and the later ones learns why
+                for future in held.ready:
+                    if not future.done():
+                        future.set_exception(exc)
+                log.error("weights v%d: copying bucket %s failed: %s", held.version, spec.names[:1], exc)
+                return
+            ready.set_result(None)
+        log.debug("weights v%d held for broadcast: %d buckets, %.1f MiB, copied in %.3fs after the hold began",
+                  held.version, len(held.specs), held.nbytes / 2**20, time.perf_counter() - t0)
+
+    def _hold_again(self, held: HeldVersion, buckets: list[dict[str, torch.Tensor]], layout: str) -> WeightManifest:
+        """A version held again: the same weights are a no-op (its manifest again), any others a conflict."""
+        new = {name: t for bucket in buckets for name, t in bucket.items()}
+        names = [n for spec in held.specs for n in spec.names]
+        same_shape = sorted(new) == sorted(names) and all(
+            (tuple(new[n].shape), str(new[n].dtype).removeprefix("torch.")) == (shape, dtype)
+            for spec in held.specs for n, shape, dtype in zip(spec.names, spec.shapes, spec.dtypes, strict=True))
+        if not same_shape or layout != held.layout:
+            raise WeightConflict(f"weight version {held.version} is already held with other tensors (names, shapes or "
+                                 "dtypes): a version number names one set of weights (publish a new version)")
+        theirs = version_digest(self.checksums(held.version))
+        ours = version_digest(layout_checksums(new, layout))
+        if ours != theirs:
+            raise WeightConflict(f"weight version {held.version} is already held with digest {theirs[:12]}; this "
+                                 f"publication's weights have digest {ours[:12]}: a version number names one set "
+                                 "of weights (publish them as a new version)")
+        log.info("weights v%d held again with the same weights (digest %s): nothing to do", held.version, ours[:12])
+        return WeightManifest.from_buckets(held.version, [
+            {n: new[n] for n in spec.names} for spec in held.specs])
+
+    def wait_copied(self, timeout_s: float | None = None) -> None:
+        """Until every held version is copied in: after this the trainer may change the weights it held."""
+        with self._lock:
+            held = list(self._versions.values())
+        for version in held:
+            with contextlib.suppress(Exception):  # a failed copy is the broadcast's error, not the step's
+                version.wait_ready(timeout_s=timeout_s)
+
+    def checksums(self, version: int, timeout_s: float | None = None) -> dict[str, str]:
+        """Per served tensor, what an engine holding ``version`` reports on ``/weights_checker`` (in the layout the
+        version was held for); computed once, on the first request, from the held buffers."""
+        held = self._held(version)
+        with self._lock:
+            future, compute = held.checksums, held.checksums is None
+            if compute:
+                future = held.checksums = Future()
+        assert future is not None
+        if compute:
+            try:
+                held.wait_ready(timeout_s=timeout_s)
+                t0 = time.perf_counter()
+                future.set_result(layout_checksums(held.tensors(), held.layout))
+                log.debug("weights v%d: %d checksums in %.3fs", version, len(future.result()),
+                          time.perf_counter() - t0)
+            except BaseException as exc:
+                future.set_exception(exc)
+                with self._lock:
+                    held.checksums = None  # the next request tries again
+        return dict(future.result(timeout=timeout_s))
 
     def _spare_buffers(self, sizes: list[int]) -> list[torch.Tensor | None]:
         """The buffers of the version this hold will drop, when nothing is sending them and the layout matches.
@@ -202,6 +303,7 @@ class WeightSender:
         held = self._held(version)
         if not 0 <= index < len(held.buffers):
             raise IndexError(f"version {version} has {len(held.buffers)} buckets, no bucket {index}")
+        held.wait_ready(index, timeout_s=COPY_TIMEOUT_S)  # copied in while earlier buckets were on the wire
         buffer = held.buffers[index]
         with self._lock:
             if version not in self._versions:  # dropped between _held and here: its buffers may be reused
@@ -235,3 +337,4 @@ class WeightSender:
         for name in [*self.groups(), *list(self._pending)]:
             self.close(name)
         self._joiner.shutdown(wait=False, cancel_futures=True)
+        self._copier.shutdown(wait=False, cancel_futures=True)

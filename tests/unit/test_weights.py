@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -9,7 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from relax.cluster import scratch
-from relax.training.publication import WeightManifest, WeightRegistry
+from relax.training.publication import WeightConflict, WeightManifest, WeightRegistry
 from relax.training.weights import (
     cleanup_old,
     default_weights_root,
@@ -90,12 +91,23 @@ def test_registry_keeps_the_last_two_versions_in_order() -> None:
         reg.get(0)  # dropped: its refs are released
 
 
+def test_a_version_published_again_is_a_no_op_and_with_other_weights_a_conflict() -> None:
+    reg = WeightRegistry(keep=3)
+    manifest = dataclasses.replace(_manifest(2), checksums={"w": "00aa"})
+    first = reg.publish(2, ["r"], manifest)
+    assert reg.publish(2, ["r"], dataclasses.replace(manifest)) is first  # a retried registration
+    with pytest.raises(WeightConflict, match="version 2 is already published with other weights"):
+        reg.publish(2, ["r"], dataclasses.replace(manifest, checksums={"w": "00bb"}))
+    with pytest.raises(WeightConflict):
+        reg.publish(2, ["r"], manifest, sender="another trainer")
+    assert reg.versions() == [2] and reg.latest() is first
+
+
 def test_registry_rejects_versions_that_do_not_increase_and_bad_manifests() -> None:
     reg = WeightRegistry(keep=3)
-    reg.publish(2, ["r"], _manifest(2))
-    for v in (2, 1):
-        with pytest.raises(ValueError, match="strictly increase"):
-            reg.publish(v, ["r"], _manifest(v))
+    first = reg.publish(2, ["r"], _manifest(2))
+    with pytest.raises(ValueError, match="strictly increase"):
+        reg.publish(1, ["r"], _manifest(1))
     with pytest.raises(ValueError, match="manifest is for version"):
         reg.publish(5, ["r"], _manifest(4))
     with pytest.raises(ValueError, match="bucket refs"):

@@ -48,6 +48,7 @@ from relax.engines.builtin.scheduler import Capacity
 from relax.engines.builtin.scheduler import Request as EngineRequest
 from relax.engines.builtin.streaming import StreamFeed, Wakeups, abort_unfinished, sse
 from relax.engines.builtin.tokenizer import load_tokenizer
+from relax.engines.builtin.weight_checker import WeightsCheckerBody, weights_checksum_answer
 from relax.engines.builtin.weight_updates import DistributedUpdates, WeightUpdateError
 from relax.engines.guard import parent_watchdog
 from relax.engines.keys import authorized, is_admin_route
@@ -490,6 +491,17 @@ def create_app(server: BuiltinServer) -> FastAPI:
     @app.post("/destroy_weights_update_group")
     async def destroy_weights_update_group(body: WeightsGroupBody | None = None) -> dict[str, Any]:
         return server.distributed.destroy_group((body or WeightsGroupBody()).group_name)
+
+    @app.api_route("/weights_checker", methods=["GET", "POST"])
+    async def weights_checker(body: WeightsCheckerBody | None = None) -> dict[str, Any]:
+        """SGLang's checksum of every served tensor (``weight_checker``), read as a generation reads them (the
+        reader side of the update lock): never half-way through a load from disk, never stalling generation."""
+        body = body or WeightsCheckerBody()
+        async with server.update_lock.reader():
+            answer = await asyncio.to_thread(weights_checksum_answer, engine.runner.model, body)
+        if answer is None:
+            raise ApiError(400, f"action {body.action!r} is not supported by the built-in engine (checksum)")
+        return answer
 
     @app.get("/server_info")
     @app.get("/get_server_info")  # SGLang keeps this alias (deprecated, a warning per call)
