@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 from relax import argtypes
 from relax.config.megatron import COMPAT_FLAGS, Arity, ignored_options, ignored_warning, mapped_settings
 from relax.config.pause_mode import PauseMode
+from relax.config.verify_weights import VerifyPolicy
 from relax.logs import LOG_LEVELS
 
 PROG = "python -m relax.entrypoints.train"
@@ -148,6 +149,7 @@ class TrainArgs:
     weight_sync: WeightSyncPath = WeightSyncPath.BROADCAST
     weight_broadcast_timeout: float = 60.0
     update_weight_buffer_size: int = 512 * 2**20
+    verify_weights: VerifyPolicy = VerifyPolicy.FIRST
     # Training
     global_batch_size: int | None = None
     max_tokens_per_gpu: int | None = None
@@ -436,6 +438,12 @@ def _add_rollout_flags(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--weight-broadcast-timeout", type=argtypes.positive_float, default=60.0, metavar="S",
                        help="deadline of one broadcast step (a group join, one bucket); an engine that misses it "
                             "is failed and replaced (default 60)")
+    group.add_argument("--verify-weights", type=argtypes.enum_type(VerifyPolicy), default=VerifyPolicy.FIRST,
+                       metavar=argtypes.choices_metavar(VerifyPolicy),
+                       help="check an engine's served weights against the trainer's publication (per-tensor "
+                            "SHA-256, /weights_checker) before it continues after a load: first (default: each "
+                            "engine's first load, when it joins), every (every load; the check's time is in every "
+                            "pause), or off. A mismatch reloads the version once, then fails the engine")
 
 
 def _add_training_flags(group: argparse._ArgumentGroup) -> None:

@@ -254,6 +254,7 @@ class Driver:
             sglang_extra_args=tuple(a.sglang_extra_args),
             weight_sync_pause_mode=a.weight_sync_pause_mode,
             weight_broadcast_timeout_s=a.weight_broadcast_timeout,
+            verify_weights=a.verify_weights,
             migrate_in_flight=a.scale_in_unfinished is UnfinishedRequests.MIGRATE,
             weight_broadcast_backend=self._broadcast_backend(),
             engine_api_key=engine_secret(),

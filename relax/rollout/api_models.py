@@ -565,6 +565,10 @@ class EngineView(BaseModel):
     kind: str
     status: str
     weight_version: int | None
+    weight_digest: str | None = None
+    """SHA-256 digest of the weights it holds (SGLang's ``per_gpu_checksum`` form), when known."""
+    weights_verified: bool = False
+    """Its served weights were checked against ``weight_version``'s publication (``--verify-weights``)."""
     in_flight: int
     node_id: str | None
     join_active_s: float | None = None
@@ -580,6 +584,8 @@ class EngineView(BaseModel):
             kind=record.kind.value,
             status=record.state.value,
             weight_version=record.weight_version,
+            weight_digest=record.weight_digest,
+            weights_verified=record.weights_verified,
             in_flight=record.in_flight,
             node_id=record.node_id,
         )

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from relax.config.pause_mode import PauseMode
-from relax.rollout.weight_transport import VersionSuperseded
+from relax.rollout.refit import load_verified
+from relax.rollout.weight_transport import Check, VersionSuperseded
 from relax.training.flat_bucket import BucketSpec, specs_from_manifest
 from relax.training.publication import WEIGHTS_CONCURRENCY_GROUP, WeightManifest
 
@@ -55,6 +56,8 @@ class WeightSource(Protocol):
     async def release(self, version: int) -> None: ...
 
     async def broadcast(self, name: str, version: int, index: int) -> int: ...
+
+    async def checksums(self, version: int, timeout_s: float) -> dict[str, str]: ...
 
     async def close(self, name: str) -> None: ...
 
@@ -83,6 +86,9 @@ class RayWeightSource:
     async def broadcast(self, name: str, version: int, index: int) -> int:
         return await self._call("weights_broadcast", name, version, index)
 
+    async def checksums(self, version: int, timeout_s: float) -> dict[str, str]:
+        return await self._call("weights_checksums", version, timeout_s)
+
     async def close(self, name: str) -> None:
         await self._call("weights_close", name)
 
@@ -107,6 +113,9 @@ class ThreadWeightSource:
 
     async def broadcast(self, name: str, version: int, index: int) -> int:
         return await asyncio.to_thread(self.sender.broadcast, name, version, index)
+
+    async def checksums(self, version: int, timeout_s: float) -> dict[str, str]:
+        return await asyncio.to_thread(self.sender.checksums, version, timeout_s)
 
     async def close(self, name: str) -> None:
         await asyncio.to_thread(self.sender.close, name)
@@ -164,34 +173,45 @@ async def close_group(group: EngineGroup, client: Any | None, timeout_s: float =
 
 
 async def send_version(engine_id: str, client: Any, group: EngineGroup, version: int, manifest: WeightManifest,
-                       pause_mode: PauseMode, timeout_s: float) -> dict[str, Any]:
-    """Pause, receive every bucket of ``version`` by broadcast, continue; returns the phase timings.
+                       pause_mode: PauseMode, timeout_s: float, check: Check | None = None, *,
+                       verify_only: bool = False) -> dict[str, Any]:
+    """Pause, receive every bucket of ``version`` by broadcast, check (``check``), continue; returns the timings.
 
-    On any failure the engine is left paused and the error raised: the caller fails the engine rather
-    than let it serve a mix of two versions.
+    The check runs before the engine continues; a mismatch reloads every bucket once (``rollout.refit``). On any
+    failure the engine is left paused and the error raised: the caller fails the engine rather than let it
+    serve a mix of two versions. ``verify_only``: the engine holds ``version`` already; it is paused and checked,
+    and loaded only to repair a mismatch.
     """
     specs = specs_from_manifest(manifest.names, manifest.dtypes, manifest.shapes, manifest.bucket_sizes)
-    # pinned on the sender for the whole send (each step has timeout_s): no hold drops it between buckets
-    lease_s = timeout_s * (len(specs) + 4)
+    # pinned on the sender for the whole send, a repair's second load included (each step has timeout_s)
+    lease_s = timeout_s * (2 * len(specs) + 8)
     if not await asyncio.wait_for(group.source.acquire(version, lease_s), timeout_s):
         raise VersionSuperseded(f"weight version {version} is no longer held by the trainer's rank 0")
+    transfers: list[float] = []
+
+    async def load() -> int:
+        await asyncio.wait_for(client.begin_weight_update(), timeout_s)
+        began = time.monotonic()
+        sent = 0
+        for index, spec in enumerate(specs):
+            sent += await _one_bucket(client, group, version, index, spec, last=index == len(specs) - 1,
+                                      flush=PauseMode(pause_mode).flushes_cache, timeout_s=timeout_s)
+        transfers.append(time.monotonic() - began)
+        await asyncio.wait_for(client.end_weight_update(), timeout_s)
+        return sent
+
     try:
         async with client.paused(pause_mode, timeout=timeout_s) as window:
-            await asyncio.wait_for(client.begin_weight_update(), timeout_s)
-            transfer_began = time.monotonic()
-            sent = 0
-            for index, spec in enumerate(specs):
-                sent += await _one_bucket(client, group, version, index, spec, last=index == len(specs) - 1,
-                                          flush=PauseMode(pause_mode).flushes_cache, timeout_s=timeout_s)
-            transfer_s = time.monotonic() - transfer_began
-            await asyncio.wait_for(client.end_weight_update(), timeout_s)
+            sent, checks = await load_verified(load, check, loaded=verify_only)
     finally:
         await _quietly(asyncio.wait_for(group.source.release(version), timeout_s))  # else its lease lapses
+    transfer_s = transfers[0] if transfers else 0.0
     log.debug("%s: weights v%d by broadcast, %d buckets, %.1f MiB in %.2fs (paused %.2fs)", engine_id, version,
-             len(specs), sent / 2**20, transfer_s, window.seconds)
+              len(specs), (sent or 0) / 2**20, transfer_s, window.seconds)
     # receive and load are one step per bucket here (the engine copies each bucket as it arrives): load_s = transfer_s
     return {"path": "broadcast", "transfer_s": transfer_s, "load_s": transfer_s, "paused_s": window.seconds,
-            "bytes": sent, "buckets": len(specs)}
+            "verify_s": sum(c.seconds for c in checks), "bytes": sent or 0, "buckets": len(specs),
+            "verifications": checks}
 
 
 async def _one_bucket(client: Any, group: EngineGroup, version: int, index: int, spec: BucketSpec, *, last: bool,
@@ -236,7 +256,8 @@ class BroadcastTransport:
         self.pause_mode = pause_mode
         self._groups: dict[str, EngineGroup] = {}
 
-    async def send(self, engine_id: str, client: Any, latest: Any) -> dict[str, Any]:
+    async def send(self, engine_id: str, client: Any, latest: Any, check: Check | None = None, *,
+                   verify_only: bool = False) -> dict[str, Any]:
         group = self._groups.get(engine_id)
         if group is not None and group.source is not latest.sender:
             await close_group(self._groups.pop(engine_id), client)
@@ -246,7 +267,7 @@ class BroadcastTransport:
             self._groups[engine_id] = group
         try:
             return await send_version(engine_id, client, group, latest.version, latest.manifest, self.pause_mode,
-                                      self.settings.timeout_s)
+                                      self.settings.timeout_s, check, verify_only=verify_only)
         except VersionSuperseded:
             raise  # nothing was sent: the engine and its group are as they were
         except BaseException:

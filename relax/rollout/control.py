@@ -54,7 +54,8 @@ class RolloutControl:
         self._refresh_in_flight()
         live = [r for r in self.pool.records() if not r.state.terminal]
         view = [{"engine_id": r.engine_id, "url": r.url, "kind": r.kind.value, "status": r.state.value,
-                 "weight_version": r.weight_version, "in_flight": r.in_flight, "node_id": r.node_id,
+                 "weight_version": r.weight_version, "weight_digest": r.weight_digest,
+                 "weights_verified": r.weights_verified, "in_flight": r.in_flight, "node_id": r.node_id,
                  **self._join_view(r.engine_id)} for r in live]
         return {"models": {model_name or DEFAULT_MODEL: {"engines": view}}, "total_engines": len(view),
                 "active_engines": len(self.pool.active())}

@@ -33,6 +33,7 @@ class EventKind(str, Enum):
     ENGINE_RESTARTED = "engine_restarted"  # an initial engine replaced in its own bundle
     REQUESTS_RETRIED = "requests_retried"  # in-flight requests moved off a failing/draining engine
     WEIGHTS_PUBLISHED = "weights_published"
+    WEIGHTS_MISMATCH = "weights_mismatch"  # an engine's served weights differ from the version it was sent
     AUTOSCALER_DECISION = "autoscaler_decision"
 
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from relax.config.pause_mode import PauseMode
+from relax.config.verify_weights import VerifyPolicy
 from relax.engines.client import EngineClient, EngineError
 from relax.engines.keys import EngineKeys, engine_keys
 from relax.logs import failure_cause
@@ -43,6 +44,7 @@ from relax.rollout.eviction import Eviction, EvictionSettings, plan_evictions
 from relax.rollout.joins import JoinLog
 from relax.rollout.launcher import EngineLauncher, EngineSlot
 from relax.rollout.pool import EngineKind, EnginePool, EngineState
+from relax.rollout.refit import Verification, VerifyResult, WeightMismatch
 from relax.rollout.router import Router
 from relax.rollout.router_mirror import SGLangRouterMirror
 from relax.rollout.weight_sync import WeightSync, standard_transports
@@ -108,6 +110,8 @@ class FleetSettings:
     shutdown_timeout_s: float = 30.0
     #: How an engine is paused around each weight load.
     weight_sync_pause_mode: PauseMode = PauseMode.RETRACT
+    #: After which loads an engine's served weights are checked against the publication (``rollout.refit``).
+    verify_weights: VerifyPolicy = VerifyPolicy.FIRST
     #: The run's engine secret: each engine the run starts has its own generation and admin keys derived from it
     #: (relax.engines.keys.engine_keys); never logged.
     engine_api_key: str | None = field(default=None, repr=False)
@@ -160,7 +164,7 @@ class EngineFleet:
             pool, weights, transports or standard_transports(launcher, settings.model_path, settings.broadcast,
                                                              settings.weight_sync_pause_mode),
             self.client, on_failure=lambda eid, exc: self.on_engine_failure(eid, exc, confirmed=True),
-            on_change=on_change)
+            on_change=on_change, verify=settings.verify_weights, on_verification=self._on_verification)
         self._drain_events: dict[str, asyncio.Event] = {}
         self._cancelled: set[str] = set()
         self._background: set[asyncio.Task[Any]] = set()
@@ -256,6 +260,26 @@ class EngineFleet:
         self.joins.active(engine_id, kind=record.kind.value, weight_version=record.weight_version,
                           decided_at=record.created_at, active_at=record.state_since)
         log.info("%s ACTIVE at %s (weights v%s)", engine_id, url, record.weight_version)
+
+    # ------------------------------------------------------------------ verified weights
+    def _on_verification(self, outcome: Verification) -> None:
+        """Every mismatch is an event (the metric counts every check, by result)."""
+        if outcome.result is VerifyResult.MISMATCH:
+            self.events.append(EventKind.WEIGHTS_MISMATCH, outcome.describe(), engine_ids=outcome.engine_id,
+                               details=outcome.to_dict())
+
+    async def verify_engine(self, engine_id: str) -> Verification:
+        """Check an ACTIVE engine's served weights now (``WeightSync.verify``); one that still serves other weights
+        after a full reload is failed (and replaced, as any failed engine)."""
+        record = self.pool.get(engine_id)
+        if record.state is not EngineState.ACTIVE:
+            raise ValueError(f"{engine_id} is {record.state.value}: only an ACTIVE engine's weights are checked on "
+                             "demand (a joining engine is checked as it loads)")
+        try:
+            return await self.weight_sync.verify(engine_id)
+        except WeightMismatch as exc:
+            await self.on_engine_failure(engine_id, exc, confirmed=True)
+            return exc.verifications[-1]
 
     def engine_keys(self, engine_id: str) -> EngineKeys:
         """An engine's keys: its own pair for engines the run started, the operator's one key for attached ones."""

@@ -25,6 +25,7 @@ from typing import Any
 
 from relax.cluster.drain import draining_nodes
 from relax.config.pause_mode import PauseMode
+from relax.config.verify_weights import VerifyPolicy
 from relax.data.buffer import SampleBuffer
 from relax.data.dataset import PromptCursor, PromptStream, load_prompt_data
 from relax.data.rewards import get_reward_fn
@@ -86,6 +87,7 @@ class ManagerConfig:
     # Broadcast weight updates (versions published with a sender): group backend and per-step deadline
     weight_broadcast_backend: str = "gloo"
     weight_broadcast_timeout_s: float = 60.0
+    verify_weights: VerifyPolicy = VerifyPolicy.FIRST  # --verify-weights (relax.rollout.refit)
     # A request aborted because its engine left continues on another engine from where it stopped
     # (relax.rollout.migration) instead of starting again; False: start again (the tokens are regenerated)
     migrate_in_flight: bool = True
@@ -174,6 +176,7 @@ class RolloutManager:
                           drain_timeout_s=config.scale_in_drain_timeout_s,
                           shutdown_timeout_s=config.scale_in_shutdown_timeout_s,
                           weight_sync_pause_mode=PauseMode(config.weight_sync_pause_mode),
+                          verify_weights=VerifyPolicy(config.verify_weights),
                           engine_api_key=config.engine_api_key,
                           engine_generation_key=config.engine_generation_key,
                           external_engine_api_key=config.external_engine_api_key,
@@ -259,8 +262,17 @@ class RolloutManager:
             if self._weight_source is None or self._weight_source[0] != sender:
                 self._weight_source = (sender, RayWeightSource(sender))
             source = self._weight_source[1]
+        if version in self.weights.versions():  # a retried publication: a no-op, or a WeightConflict for the caller
+            self.fleet.weight_sync.publish(version, list(bucket_refs), manifest, source=source)
+            return
         self.fleet.weight_sync.publish(version, list(bucket_refs), manifest, source=source)
         self.event_log.append(EventKind.WEIGHTS_PUBLISHED, message=f"v{version}")
+
+    async def verify_weights(self, engine_id: str) -> dict[str, Any]:
+        """Check an ACTIVE engine's served weights against its version's publication now (``--verify-weights``
+        applies to loads; this is the check on demand). A mismatch reloads the version once; a second one fails
+        the engine. Returns the check (``rollout.refit.Verification``)."""
+        return (await self.fleet.verify_engine(engine_id)).to_dict()
 
     # ------------------------------------------------------------------ dispatch
     async def generate(self, group_key: str, input_ids: list[int], sampling_params: dict[str, Any]) -> Generation:
@@ -419,6 +431,9 @@ class RolloutManager:
             "tokens_generated": self.dispatcher.tokens_generated,
             "latest_published": self.weights.latest_version or 0,
             "weight_syncs": {eid: dict(t) for eid, t in self.fleet.weight_sync.last_syncs.items()},
+            "verify_weights": self.fleet.weight_sync.verify_policy.value,
+            "weight_verifications": dict(self.fleet.weight_sync.verifications),
+            "last_verifications": {eid: dict(v) for eid, v in self.fleet.weight_sync.last_verifications.items()},
             "migration": self.dispatcher.migration.to_dict(),
             "evictions": {eid: dict(e) for eid, e in self.fleet.last_evictions.items()},
             "joins": self.fleet.joins.to_dict(),
@@ -465,6 +480,7 @@ class RolloutManager:
             "migration_tokens_regenerated": self.dispatcher.migration.tokens_regenerated,
             "migrated_requests": self.dispatcher.migration.migrated_requests,
             "tokens_generated": self.dispatcher.tokens_generated,
+            "weight_verifications": dict(self.fleet.weight_sync.verifications),
             **self._last_join_and_eviction(),
         }
 

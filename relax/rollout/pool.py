@@ -173,6 +173,8 @@ class EngineRecord:
     url: str | None = None
     node_id: str | None = None
     weight_version: int | None = None
+    weight_digest: str | None = None  # the digest of the weights it holds, when known (relax.rollout.refit)
+    weights_verified: bool = False  # its served weights were checked against weight_version's publication
     in_flight: int = 0
     bundle: str | None = None  # opaque placement-group / bundle id the shell uses to clean up
     last_error: str | None = None
@@ -202,6 +204,8 @@ class EngineRecord:
             "kind": self.kind.value,
             "status": self.state.value,
             "weight_version": self.weight_version,
+            "weight_digest": self.weight_digest,
+            "weights_verified": self.weights_verified,
             "in_flight": self.in_flight,
             "node_id": self.node_id,
             "bundle": self.bundle,
@@ -221,6 +225,8 @@ class EngineRecord:
             url=data.get("url"),
             node_id=data.get("node_id"),
             weight_version=data.get("weight_version"),
+            weight_digest=data.get("weight_digest"),
+            weights_verified=bool(data.get("weights_verified", False)),
             in_flight=int(data.get("in_flight", 0)),
             bundle=data.get("bundle"),
             last_error=data.get("last_error"),
@@ -354,11 +360,23 @@ class EnginePool:
         record.node_id = node_id
         return record
 
-    def set_weight_version(self, engine_id: str, version: int | None) -> EngineRecord:
+    def set_weight_version(self, engine_id: str, version: int | None, digest: str | None = None,
+                           verified: bool = False) -> EngineRecord:
+        """What the engine holds now: a new version forgets the old one's digest and check."""
         _check_version(version, "weight_version")
+        if verified and digest is None:
+            raise ValueError("a verified version has a digest")
         record = self.get(engine_id)
-        record.weight_version = version
+        record.weight_version, record.weight_digest, record.weights_verified = version, digest, verified
         return record
+
+    def set_weight_digest(self, engine_id: str, version: int, digest: str) -> bool:
+        """Learn the digest of ``version`` for an engine still holding it (unverified); False when it moved on."""
+        record = self.get(engine_id)
+        if record.weight_version != version or record.weights_verified:
+            return False
+        record.weight_digest = digest
+        return True
 
     def set_in_flight(self, engine_id: str, in_flight: int) -> EngineRecord:
         """Mirror the router's exact count into the record, for the REST view."""

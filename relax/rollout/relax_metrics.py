@@ -106,6 +106,17 @@ class RelaxStatusCollector(Collector):
             if value is not None:
                 events.add_metric([str(kind)], value)
         yield events
+        checks = status.get("weight_verifications")
+        if checks:
+            verifications = CounterMetricFamily(
+                "relax_weight_verifications",
+                "Checks of an engine's served weights against the trainer's publication, by result (verified, "
+                "mismatch, uncheckable)", labels=["result"])
+            for result, count in sorted(checks.items()):
+                value = _number(count)
+                if value is not None:
+                    verifications.add_metric([str(result)], value)
+            yield verifications
 
 
 def render_metrics(status: Mapping[str, Any]) -> bytes:

@@ -14,6 +14,10 @@ engine and version by ``choose_transport``; the engine's lifecycle (start, fail,
   health generation) and the dispatcher holds their requests (:meth:`wait_not_syncing`).
 * A failed load fails the engine (``on_failure``): it is never resumed on part of a version or left serving
   the old one as if current.
+* **verified** (``--verify-weights``, the rules in ``rollout.refit``): a load is checked against the version's
+  publication before the engine continues; a mismatch is reported (``on_verification``), reloaded once in full,
+  and a second one fails the engine. :meth:`verify` checks an engine on demand. Each engine's (version, digest)
+  is in its pool record; a version it holds already is not sent again.
 """
 
 from __future__ import annotations
@@ -26,16 +30,31 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from relax.config.pause_mode import PauseMode
+from relax.engines.client import WeightsUncheckable
 from relax.rollout.broadcast import BroadcastSettings, BroadcastTransport
 from relax.rollout.disk_transports import ExternalDiskTransport, ObjectStoreTransport
 from relax.rollout.launcher import EngineLauncher
 from relax.rollout.pool import EnginePool, EngineRecord
-from relax.rollout.weight_transport import TransportKind, VersionSuperseded, WeightTransport, choose_transport
-from relax.training.publication import PublishedWeights, WeightManifest, WeightRegistry
+from relax.rollout.refit import (
+    EngineWeights,
+    RefitStep,
+    Verification,
+    VerifyPolicy,
+    VerifyResult,
+    plan_refit,
+    should_verify,
+)
+from relax.rollout.weight_transport import Check, TransportKind, VersionSuperseded, WeightTransport, choose_transport
+from relax.training.publication import PublishedWeights, WeightConflict, WeightManifest, WeightRegistry
+from relax.training.weight_digest import checksum_mismatches, version_digest
 
 __all__ = ["WeightSync", "engines_behind", "standard_transports"]
 
 log = logging.getLogger("relax.rollout")
+
+#: How long a check may take: the engine hashes every tensor it serves (about 1.3 GB/s per rank on CPU), and the
+#: trainer's rank 0 the publication, once per version.
+VERIFY_TIMEOUT_S = 300.0
 
 #: How long an engine whose version was superseded waits for the newer one to be registered (the trainer held
 #: it before it dropped the old one, so it is at most a registration away).
@@ -70,6 +89,9 @@ class WeightSync:
         on_failure: Callable[[str, BaseException], Awaitable[None]],
         on_change: Callable[[], None] = lambda: None,
         superseded_wait_s: float = SUPERSEDED_WAIT_S,
+        verify: VerifyPolicy | str = VerifyPolicy.FIRST,
+        on_verification: Callable[[Verification], None] = lambda v: None,
+        verify_timeout_s: float = VERIFY_TIMEOUT_S,
     ) -> None:
         self.pool = pool
         self.registry = registry
@@ -83,12 +105,27 @@ class WeightSync:
         self._published = asyncio.Event()  # replaced at each publication; set wakes who waits for a newer one
         self._loop_task: asyncio.Task[None] | None = None
         self.last_syncs: dict[str, dict[str, Any]] = {}  # per engine: its last load's timings
+        self.verify_policy = VerifyPolicy(verify)
+        self._on_verification = on_verification
+        self._verify_timeout_s = verify_timeout_s
+        self._verified: set[str] = set()  # engines one of whose loads passed a check
+        self._expected: dict[int, asyncio.Task[dict[str, str]]] = {}  # per version: its publication's checksums
+        self.verifications: dict[str, int] = {r.value: 0 for r in VerifyResult}  # checks made, by result
+        self.last_verifications: dict[str, dict[str, Any]] = {}  # per engine: its last check
 
     # ------------------------------------------------------------------ publication
     def publish(self, version: int, bucket_refs: Sequence[Any], manifest: WeightManifest, *,
                 source: Any = None) -> PublishedWeights:
-        """Record ``version`` (``source``: the trainer's rank 0, for broadcast) and sync every engine behind it."""
+        """Record ``version`` (``source``: the trainer's rank 0, for broadcast) and sync every engine behind it.
+
+        The same publication again is a no-op; the same version with other weights raises ``WeightConflict``.
+        """
+        again = version in self.registry.versions()
         entry = self.registry.publish(version, list(bucket_refs), manifest, sender=source)
+        if again:
+            return entry
+        if self.verify_policy is VerifyPolicy.EVERY:  # every load is checked: have the expected checksums ready
+            self._expected_checksums(entry)
         published, self._published = self._published, asyncio.Event()
         published.set()
         if self._loop_task is None or self._loop_task.done():
@@ -131,25 +168,134 @@ class WeightSync:
         async with self._locks.setdefault(engine_id, asyncio.Lock()):
             while True:
                 latest = self.registry.latest()
-                record = self.pool.get(engine_id)
-                if latest is None or (record.weight_version or 0) >= latest.version:
+                if latest is None:
                     return
-                kind = choose_transport(latest.broadcast, record.kind)
-                idle = self._idle.setdefault(engine_id, asyncio.Event())
-                idle.clear()
-                began = time.monotonic()
+                record = self.pool.get(engine_id)
+                step = plan_refit(EngineWeights(record.weight_version, record.weight_digest), latest.version,
+                                  self._known_digest(latest.version))
+                if step is RefitStep.NOTHING:
+                    return
+                if step is RefitStep.REFUSE:
+                    raise WeightConflict(f"{engine_id} holds weights v{latest.version} with digest "
+                                         f"{(record.weight_digest or '')[:12]}, but v{latest.version} was published "
+                                         f"with digest {(self._known_digest(latest.version) or '')[:12]}")
+                check = (self._check(engine_id, latest)
+                         if should_verify(self.verify_policy, verified_before=engine_id in self._verified) else None)
                 try:
-                    timings = await self.transports[kind].send(engine_id, self._client(engine_id), latest)
+                    timings = await self._send(engine_id, latest, check)
                 except VersionSuperseded:
                     log.info("%s: weights v%d superseded before its send began; moving on to the newest", engine_id,
                              latest.version)
                     await self._newer_than(latest.version)
                     continue
-                finally:
-                    idle.set()
-                self.last_syncs[engine_id] = {**(timings or {}), "version": latest.version,
-                                              "total_s": time.monotonic() - began}
-                self.pool.set_weight_version(engine_id, latest.version)
+                self._loaded(engine_id, latest, timings)
+
+    async def verify(self, engine_id: str) -> Verification:
+        """Check an engine's served weights against the version it holds, now (paused for the check); a mismatch
+        is repaired with one full load of that version, and a second one raises ``WeightMismatch`` (the caller
+        fails the engine)."""
+        async with self._locks.setdefault(engine_id, asyncio.Lock()):
+            record = self.pool.get(engine_id)
+            latest = self.registry.latest()
+            if latest is None or record.weight_version != latest.version:
+                held = "nothing published" if latest is None else f"the newest is v{latest.version}"
+                return Verification(engine_id, record.weight_version or 0, VerifyResult.UNCHECKABLE, "",
+                                    detail=f"it holds v{record.weight_version} and {held}: a load will verify it")
+            timings = await self._send(engine_id, latest, self._check(engine_id, latest), verify_only=True)
+            self._loaded(engine_id, latest, timings)
+            return timings["verifications"][-1]
+
+    async def _send(self, engine_id: str, latest: PublishedWeights, check: Check | None, *,
+                    verify_only: bool = False) -> dict[str, Any]:
+        kind = choose_transport(latest.broadcast, self.pool.get(engine_id).kind)
+        idle = self._idle.setdefault(engine_id, asyncio.Event())
+        idle.clear()
+        began = time.monotonic()
+        try:
+            timings = await self.transports[kind].send(engine_id, self._client(engine_id), latest, check,
+                                                       verify_only=verify_only)
+        finally:
+            idle.set()
+        return {**(timings or {}), "total_s": time.monotonic() - began}
+
+    def _loaded(self, engine_id: str, latest: PublishedWeights, timings: dict[str, Any]) -> None:
+        """The engine holds ``latest`` now: its record says so, with the digest a check found."""
+        checks: list[Verification] = list(timings.get("verifications") or ())
+        verified = bool(checks) and checks[-1].result is VerifyResult.VERIFIED
+        self.last_syncs[engine_id] = {**{k: v for k, v in timings.items() if k != "verifications"},
+                                      "version": latest.version, "verified": verified}
+        self.pool.set_weight_version(engine_id, latest.version, checks[-1].served_digest if verified else None,
+                                     verified)
+        if verified:
+            self._verified.add(engine_id)
+        elif self.verify_policy is not VerifyPolicy.OFF:  # (version, digest) known, without a check of this load
+
+            def learn(task: asyncio.Task[dict[str, str]]) -> None:
+                if not task.cancelled() and task.exception() is None and engine_id in self._locks:
+                    self.pool.set_weight_digest(engine_id, latest.version, version_digest(task.result()))
+
+            self._expected_checksums(latest).add_done_callback(learn)
+
+    # ------------------------------------------------------------------ verification
+    def _known_digest(self, version: int) -> str | None:
+        task = self._expected.get(version)
+        if task is None or not task.done() or task.cancelled() or task.exception() is not None:
+            return None
+        return version_digest(task.result())
+
+    def _expected_checksums(self, latest: PublishedWeights) -> asyncio.Task[dict[str, str]]:
+        """The checksums an engine holding ``latest`` reports: the manifest's, or asked of the trainer's rank 0
+        (once per version; it hashes the held buffers on a thread of its own)."""
+        task = self._expected.get(latest.version)
+        if task is None or (task.done() and not task.cancelled() and task.exception() is not None):
+            async def fetch() -> dict[str, str]:
+                if latest.manifest.checksums is not None:
+                    return dict(latest.manifest.checksums)
+                if latest.sender is None:
+                    raise RuntimeError(f"weights v{latest.version} carry no checksums and have no sender to ask")
+                return dict(await asyncio.wait_for(latest.sender.checksums(latest.version, self._verify_timeout_s),
+                                                   self._verify_timeout_s + 5.0))
+
+            task = self._expected[latest.version] = asyncio.ensure_future(fetch())
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved: never "never retrieved"
+            held = set(self.registry.versions())
+            for old in [v for v in self._expected if v not in held]:
+                self._expected.pop(old).cancel()
+        return task
+
+    def _check(self, engine_id: str, latest: PublishedWeights) -> Check:
+        """The check of one engine against ``latest``, as ``rollout.refit.load_verified`` calls it."""
+
+        async def check(attempt: int) -> Verification:
+            began = time.monotonic()
+            expected = await self._expected_checksums(latest)
+            expected_digest = version_digest(expected)
+            try:
+                served = await self._client(engine_id).weights_checksums(timeout=self._verify_timeout_s)
+            except WeightsUncheckable as exc:
+                outcome = Verification(engine_id, latest.version, VerifyResult.UNCHECKABLE, expected_digest,
+                                       seconds=time.monotonic() - began, attempt=attempt, detail=str(exc))
+            else:
+                bad = checksum_mismatches(expected, served)
+                outcome = Verification(engine_id, latest.version,
+                                       VerifyResult.MISMATCH if bad else VerifyResult.VERIFIED, expected_digest,
+                                       version_digest(served), tuple(bad), time.monotonic() - began, attempt)
+            self._record(outcome)
+            return outcome
+
+        return check
+
+    def _record(self, outcome: Verification) -> None:
+        self.verifications[outcome.result.value] += 1
+        self.last_verifications[outcome.engine_id] = outcome.to_dict()
+        if outcome.result is VerifyResult.MISMATCH:
+            log.error("%s%s", outcome.describe(), "; loading it again in full" if outcome.attempt == 0 else
+                      "; still after a full reload: the engine is failed")
+        elif outcome.result is VerifyResult.UNCHECKABLE:
+            log.warning("%s", outcome.describe())
+        else:
+            log.info("%s in %.2fs", outcome.describe(), outcome.seconds)
+        self._on_verification(outcome)
 
     async def _newer_than(self, version: int) -> None:
         deadline = time.monotonic() + self._superseded_wait_s
@@ -181,6 +327,7 @@ class WeightSync:
         for transport in self.transports.values():
             await transport.forget(engine_id, client)
         self._locks.pop(engine_id, None)
+        self._verified.discard(engine_id)
         idle = self._idle.pop(engine_id, None)
         if idle is not None:
             idle.set()  # nothing waits on a departed engine
@@ -188,3 +335,5 @@ class WeightSync:
     def shutdown(self) -> None:
         if self._loop_task is not None:
             self._loop_task.cancel()
+        for task in self._expected.values():
+            task.cancel()

@@ -15,12 +15,18 @@ the bytes get there. One class per path, each behind the same two calls:
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from enum import Enum
 from typing import Any, Protocol
 
 from relax.rollout.pool import EngineKind
+from relax.rollout.refit import Verification
 
-__all__ = ["TransportKind", "VersionSuperseded", "WeightTransport", "choose_transport"]
+__all__ = ["Check", "TransportKind", "VersionSuperseded", "WeightTransport", "choose_transport"]
+
+#: The check of a load (``rollout.refit.load_verified``): ``check(attempt)`` compares the engine's served weights
+#: with the version's publication.
+Check = Callable[[int], Awaitable[Verification]]
 
 
 class TransportKind(str, Enum):
@@ -40,9 +46,12 @@ class VersionSuperseded(Exception):
 class WeightTransport(Protocol):
     """Brings one engine to one published version (``PublishedWeights``), paused as the run's pause mode says."""
 
-    async def send(self, engine_id: str, client: Any, latest: Any) -> dict[str, Any]:
-        """Load ``latest`` into the engine; returns the phase timings. Raises on failure (the engine is then
-        failed by the caller, never resumed on part of a version) or :class:`VersionSuperseded`."""
+    async def send(self, engine_id: str, client: Any, latest: Any, check: Check | None = None, *,
+                   verify_only: bool = False) -> dict[str, Any]:
+        """Load ``latest`` into the engine, verified by ``check`` when given (``rollout.refit.load_verified``);
+        returns the phase timings, and the checks made under ``"verifications"``. Raises on failure (the engine
+        is then failed by the caller, never resumed on part of a version) or :class:`VersionSuperseded`.
+        ``verify_only``: the engine holds ``latest`` already; check it, and load only to repair a mismatch."""
         ...
 
     async def forget(self, engine_id: str, client: Any | None) -> None:

@@ -326,7 +326,7 @@ def test_engines_response_from_pool_records() -> None:
     a = pool.add(EngineKind.INITIAL, url="http://a:1", node_id="n1")
     for state in (EngineState.STARTING, EngineState.HEALTH_CHECKING, EngineState.WEIGHT_SYNCING):
         pool.transition(a.engine_id, state)
-    pool.set_weight_version(a.engine_id, 3)
+    pool.set_weight_version(a.engine_id, 3, "ab" * 32, verified=True)
     pool.transition(a.engine_id, EngineState.ACTIVE)
     pool.add(EngineKind.ELASTIC)  # pending
     gone = pool.add(EngineKind.ELASTIC)
@@ -342,6 +342,8 @@ def test_engines_response_from_pool_records() -> None:
         "kind": "initial",
         "status": "ACTIVE",
         "weight_version": 3,
+        "weight_digest": "ab" * 32,
+        "weights_verified": True,
         "in_flight": 0,
         "node_id": "n1",
         "join_active_s": None,  # the fleet's join measures; records alone do not have them

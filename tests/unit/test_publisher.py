@@ -23,6 +23,7 @@ def test_a_bf16_publication_halves_the_bytes_and_keeps_bf16_values() -> None:
     assert bf16.total_bytes * 2 == fp32.total_bytes == sum(t.numel() * 4 for t in state.values())
     assert set(bf16.dtypes) == {"bfloat16"} and set(fp32.dtypes) == {"float32"}
     held = sender._held(2)
+    held.wait_ready(timeout_s=30)  # copied in behind the hold
     received = unflatten(held.buffers[0], held.specs[0])  # what an engine unpacks from the broadcast
     for name, tensor in state.items():
         assert torch.equal(received[name], tensor.to(torch.bfloat16))

@@ -41,7 +41,8 @@ class FakeTransport:
         self.started = asyncio.Event()
         self.fail: dict[tuple[str, int], BaseException] = {}
 
-    async def send(self, engine_id: str, client: Any, latest: Any) -> dict[str, Any]:
+    async def send(self, engine_id: str, client: Any, latest: Any, check: Any = None, *,
+                   verify_only: bool = False) -> dict[str, Any]:
         self.sent.append((engine_id, latest.version))
         self.started.set()
         if self.gate is not None:
