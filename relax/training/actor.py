@@ -608,8 +608,7 @@ class TrainerActor:
             norm = norm.full_tensor()
         grad_norm = float(norm)
         skipped = not math.isfinite(grad_norm)
-        if self.sender is not None:  # the weights held for broadcast are copied in behind the step: not yet changed
-            self.sender.wait_copied()
+        self._weights_may_change()
         if not skipped and scaler is not None:
             scaler.step(self.optimizer)
         elif not skipped:
@@ -682,6 +681,12 @@ class TrainerActor:
             self.sender = WeightSender(node_ip(), device=device)
         return self.sender.hold(version, state, dtype=dtype_from_name(dtype) if dtype else None,
                                 bucket_bytes=bucket_bytes, layout=layout)
+
+    def _weights_may_change(self) -> None:
+        """Before the weights change in place: a version held for broadcast is copied in behind its hold, from
+        tensors that may share memory with the parameters, so its copies must be done first."""
+        if self.sender is not None:
+            self.sender.wait_copied()
 
     def _sender(self) -> WeightSender:
         if self.sender is None:
@@ -779,6 +784,7 @@ class TrainerActor:
                 error = f"loading {ckpt_dir} failed: {type(exc).__name__}: {exc}"
         self._rank0_outcome(error)
         options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+        self._weights_may_change()
         set_model_state_dict(self.model, weights, options=options)
         set_optimizer_state_dict(self.model, self.optimizer, optim, options=options)
         self._apply_hyperparameters()

@@ -205,7 +205,8 @@ class WeightSender:
                 return [None] * len(sizes)
             oldest = min(self._versions)
             held = self._versions[oldest]
-            if (self._sending.get(oldest, 0) or self._pinned(oldest)
+            hashing = held.checksums is not None and not held.checksums.done()
+            if (self._sending.get(oldest, 0) or self._pinned(oldest) or hashing
                     or [b.numel() for b in held.buffers] != sizes):
                 return [None] * len(sizes)
             del self._versions[oldest]  # dropped now rather than after the copy: no send can start on it

@@ -156,7 +156,7 @@ def test_superseded_versions_and_unknown_groups_are_refused_clearly() -> None:
         sender.hold(v, {"w": torch.ones(4)})
     assert sender.held_versions() == [2, 3]
     with pytest.raises(ValueError, match="strictly increase"):
-        sender.hold(3, {"w": torch.ones(4)})
+        sender.hold(1, {"w": torch.ones(4)})  # dropped: older than the newest
     with pytest.raises(KeyError, match="not open"):
         sender.broadcast("nope", 3, 0)
     store, port = host_rendezvous("127.0.0.1", 2, 5.0)
@@ -171,6 +171,7 @@ def test_a_pinned_version_outlives_newer_holds_until_its_send_releases_it() -> N
     for v in (2, 3):
         sender.hold(v, {"w": torch.full((4,), float(v))})
     assert sender.held_versions() == [1, 2, 3]  # the send of v1 may still need its next bucket
+    sender.wait_copied()
     assert torch.equal(sender._held(1).buffers[0].view(torch.float32), torch.ones(4))  # its memory not reused
     sender.release(1)
     assert sender.held_versions() == [2, 3]
@@ -184,6 +185,7 @@ def test_held_buffers_are_copies_a_training_step_cannot_change() -> None:
     weight = torch.ones(8)
     sender = WeightSender("127.0.0.1")
     sender.hold(1, {"w": weight})
+    sender.wait_copied()  # what the trainer's optimizer step waits for (TrainerActor.train_step)
     weight.mul_(3)  # the optimizer updates the parameter in place after publication
     held = sender._held(1)
     assert torch.equal(held.buffers[0].view(torch.float32), torch.ones(8))
@@ -220,6 +222,7 @@ def test_a_hold_reuses_the_dropped_versions_memory_unless_a_broadcast_reads_it()
     sender.hold(3, {"w": torch.full((1024,), 3.0)})
     assert sender.held_versions() == [2, 3]
     assert sender._held(3).buffers[0].data_ptr() == v1_ptr  # v1's mapped memory, refilled
+    sender.wait_copied()
     assert torch.equal(sender._held(3).buffers[0].view(torch.float32), torch.full((1024,), 3.0))
     v2_ptr = sender._held(2).buffers[0].data_ptr()
     sender._sending[2] = 1  # a broadcast of v2 is in progress: its bytes must not change under it

@@ -9,7 +9,15 @@ import hashlib
 import pytest
 import torch
 
-from relax.training.weight_digest import checksum_mismatches, sglang_checksums, sglang_layout, tensor_checksum
+from relax.training.weight_digest import (
+    ChecksumLayout,
+    checksum_mismatches,
+    layout_checksums,
+    sglang_checksums,
+    sglang_layout,
+    tensor_checksum,
+    version_digest,
+)
 
 
 def hf_layer() -> dict[str, torch.Tensor]:
@@ -53,3 +61,19 @@ def test_a_publication_missing_part_of_a_fused_tensor_is_refused() -> None:
     del state["model.layers.0.self_attn.v_proj.weight"]
     with pytest.raises(ValueError, match="qkv_proj"):
         sglang_layout(state)
+
+
+def test_hashing_the_parts_in_place_equals_hashing_the_fused_padded_tensors() -> None:
+    state = hf_layer()
+    del state["lm_head.weight"]  # a publication drops a tied head (as a checkpoint does)
+    state["lm_head.weight"] = torch.randn(70, 8)  # an untied one is served, padded like the embedding
+    copied = {name: tensor_checksum(t) for name, t in sglang_layout(state).items()}
+    assert layout_checksums(state, ChecksumLayout.SGLANG) == copied
+    assert layout_checksums(state, ChecksumLayout.SGLANG, threads=1) == copied
+    assert layout_checksums(state, "hf") == {name: tensor_checksum(t) for name, t in state.items()}
+
+
+def test_the_version_digest_is_sglangs_per_gpu_checksum() -> None:
+    checksums = {"b": "00ff", "a": "1234"}
+    assert version_digest(checksums) == hashlib.sha256(b"a1234b00ff").hexdigest()
+    assert version_digest({**checksums, "a": "1235"}) != version_digest(checksums)

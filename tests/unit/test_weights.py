@@ -105,7 +105,7 @@ def test_a_version_published_again_is_a_no_op_and_with_other_weights_a_conflict(
 
 def test_registry_rejects_versions_that_do_not_increase_and_bad_manifests() -> None:
     reg = WeightRegistry(keep=3)
-    first = reg.publish(2, ["r"], _manifest(2))
+    reg.publish(2, ["r"], _manifest(2))
     with pytest.raises(ValueError, match="strictly increase"):
         reg.publish(1, ["r"], _manifest(1))
     with pytest.raises(ValueError, match="manifest is for version"):
