@@ -202,7 +202,7 @@ def _node(node_id: Any) -> str:
 def engines_table(body: Mapping[str, Any]) -> Table:
     """``GET /rollout/engines`` as a table: one row per engine, all models."""
     table = Table(title="Rollout engines", title_justify="left")
-    for column in ("ENGINE", "KIND", "STATUS", "URL", "WEIGHTS", "IN-FLIGHT", "NODE", "JOINED"):
+    for column in ("ENGINE", "KIND", "STATUS", "URL", "WEIGHTS", "DIGEST", "IN-FLIGHT", "NODE", "JOINED"):
         table.add_column(column, no_wrap=True,
                          justify="right" if column in ("WEIGHTS", "IN-FLIGHT", "JOINED") else "left")
     for model, group in (body.get("models") or {}).items():
@@ -214,11 +214,20 @@ def engines_table(body: Mapping[str, Any]) -> Table:
                 _status(engine.get("status")),
                 _cell(engine.get("url")),
                 "-" if version is None else f"v{version}",
+                _digest(engine),
                 _cell(engine.get("in_flight")),
                 _node(engine.get("node_id")),
                 _joined(engine),
             )
     return table
+
+
+def _digest(engine: Mapping[str, Any]) -> str:
+    """The first 12 hex digits of the weights' digest, marked when a check verified them ("-": not known)."""
+    digest = engine.get("weight_digest")
+    if not digest:
+        return "-"
+    return f"{str(digest)[:12]} verified" if engine.get("weights_verified") else str(digest)[:12]
 
 
 def _joined(engine: Mapping[str, Any]) -> str:

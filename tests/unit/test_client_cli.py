@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from rich.console import Console
 
 from relax import cli, client_cli
 from relax.rollout.control_plane import ControlPlane
@@ -119,6 +120,21 @@ def test_engines_table(relax):
                  "node-stable-0", "IN-FLIGHT"):
         assert text in out, text
     assert "2 engine(s), 2 active" in out
+
+
+def test_the_engines_table_shows_each_engines_weights_digest_and_whether_a_check_verified_it():
+    body = {"models": {"default": {"engines": [
+        {"engine_id": "engine_0", "status": "ACTIVE", "weight_version": 3, "weight_digest": "ab12" * 16,
+         "weights_verified": True},
+        {"engine_id": "engine_1", "status": "ACTIVE", "weight_version": 3, "weight_digest": "cd34" * 16},
+        {"engine_id": "engine_2", "status": "STARTING", "weight_version": None}]}}}
+    console = Console(width=200, record=True)
+    console.print(client_cli.engines_table(body))
+    text = console.export_text()  # (export_text clears the recording)
+    rows = {line.split()[1]: line for line in text.splitlines() if "engine_" in line}
+    assert "v3" in rows["engine_0"] and "ab12ab12ab12 verified" in rows["engine_0"]
+    assert "cd34cd34cd34" in rows["engine_1"] and "verified" not in rows["engine_1"]
+    assert "DIGEST" in text
 
 
 def test_engines_json(relax):
