@@ -10,7 +10,11 @@ its third step), then times ``--repeats`` more:
 
 * ``end_to_end_s``: from "the trainer holds version k+1" (its optimizer step is done) to "every ACTIVE
   engine serves k+1" (the manager's view, which follows each engine's own answer);
-* phases: ``gather_s`` (full weights to rank 0, plus the object-store put on that path), per engine
+* ``trainer_stall_s``: how long the publication held the trainer (the driver's ``publish`` call: gathering,
+  plus the object-store put on that path; the broadcast path copies into its send buffers behind it);
+* ``verify``: ``--verify-weights`` of the case (``off``: the transport alone; ``every``: each engine checked against
+  the publication before it continues, ``verify_s`` its cost, inside ``paused_s``);
+* phases: ``gather_s`` (= ``trainer_stall_s``), per engine
   ``transfer_s`` (broadcast, received and copied in place bucket by bucket) or ``pull_s`` + ``write_s`` +
   ``load_s`` (object store), and ``paused_s`` (how long the engine did not generate);
 * ``copy_s``: a plain in-memory copy of the same number of bytes, measured in the same run, and the ratio
@@ -24,7 +28,7 @@ quick look). The object-store path holds several copies per engine at once (pull
 file, the loaded model): at 2 GB it runs with fewer engines on a 24 GiB machine (``--max-object-store-gb``).
 
     python benchmarks/weight_sync.py [--models smollm2,synthetic] [--engines 1,2,4] [--repeats 2] [--dtype bfloat16]
-                                     [--quick]
+                                     [--verify off,every] [--quick]
 """
 
 from __future__ import annotations
@@ -175,7 +179,8 @@ def publish(manager: Any, trainer: Any, version: int, path: str) -> tuple[float,
 WARMUP = 2  # versions published before timing (see run_case)
 
 
-def run_case(model_dir: Path, path: str, engines: int, repeats: int, train_path: Path) -> dict[str, Any]:
+def run_case(model_dir: Path, path: str, engines: int, repeats: int, train_path: Path,
+             verify: str = "off") -> dict[str, Any]:
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
 
@@ -188,7 +193,7 @@ def run_case(model_dir: Path, path: str, engines: int, repeats: int, train_path:
     ray.get([g.ready() for g in groups], timeout=120)
     config = ManagerConfig(model_path=str(model_dir), prompt_data=str(train_path), num_rollout=1,
                            rollout_batch_size=1, sampling=SamplingSettings(n_samples=1, max_new_tokens=4),
-                           apply_chat_template=True, rm_type="tiny", health_timeout_s=600)
+                           apply_chat_template=True, rm_type="tiny", health_timeout_s=600, verify_weights=verify)
     manager = ray.remote(RolloutManager).options(max_concurrency=1000, num_cpus=0).remote(config)
     trainer = None
     try:
@@ -223,9 +228,10 @@ def run_case(model_dir: Path, path: str, engines: int, repeats: int, train_path:
             return statistics.median(max(e.get(key, 0.0) for e in r["engines"]) for r in timed)
 
         e2e = statistics.median(r["end_to_end_s"] for r in timed)
-        summary = {"end_to_end_s": e2e, "gather_s": statistics.median(r["gather_s"] for r in timed),
-                   "max_paused_s": med("paused_s"), "copy_s": copy_s, "ratio_to_copy": e2e / copy_s,
-                   "bytes": timed[0]["bytes"]}
+        stall = statistics.median(r["gather_s"] for r in timed)
+        summary = {"end_to_end_s": e2e, "gather_s": stall, "trainer_stall_s": stall, "verify": verify,
+                   "max_paused_s": med("paused_s"), "max_verify_s": med("verify_s"), "copy_s": copy_s,
+                   "ratio_to_copy": e2e / copy_s, "bytes": timed[0]["bytes"]}
         if path == "broadcast":
             summary.update(max_transfer_s=med("transfer_s"), raw_gloo_broadcast_s=floor_s,
                            ratio_to_raw_broadcast=e2e / floor_s, raw_gloo_broadcast_to_all_s=floor_n_s,
@@ -243,6 +249,28 @@ def run_case(model_dir: Path, path: str, engines: int, repeats: int, train_path:
             remove_placement_group(g)
 
 
+def one_case(model_dir: Path, model: str, path: str, n: int, verify: str, size_gb: float, args: Any,
+             train_path: Path) -> dict[str, Any]:
+    case: dict[str, Any] = {"model": model, "path": path, "engines": n, "verify": verify}
+    if path == "object-store" and size_gb * n > args.max_object_store_gb:
+        case["skipped"] = (f"{size_gb:.2f} GB x {n} engines exceeds --max-object-store-gb "
+                           f"{args.max_object_store_gb:g} (memory)")
+        return case
+    print(f"{model} / {path} / {n} engine(s) / verify {verify}", flush=True)
+    try:
+        case.update(run_case(model_dir, path, n, args.repeats, train_path, verify))
+        s = case["summary"]
+        floor = (f" = {s['ratio_to_raw_broadcast']:.2f}x the bare broadcast to one process "
+                 f"({s['raw_gloo_broadcast_s']:.3f}s), {s['ratio_to_raw_broadcast_to_all']:.2f}x to {n}"
+                 if "ratio_to_raw_broadcast" in s else f" = {s['ratio_to_copy']:.1f}x the copy ({s['copy_s']:.3f}s)")
+        print(f"  end to end {s['end_to_end_s']:.3f}s{floor}; trainer stall {s['trainer_stall_s']:.3f}s; engines "
+              f"paused up to {s['max_paused_s']:.3f}s (verification {s['max_verify_s']:.3f}s)", flush=True)
+    except Exception as exc:  # noqa: BLE001 - reported in the JSON, the others still run
+        case["error"] = f"{type(exc).__name__}: {exc}"[:500]
+        print(f"  failed: {case['error']}", flush=True)
+    return case
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="smollm2,synthetic", help="comma list of tiny, smollm2, synthetic")
@@ -255,6 +283,8 @@ def main() -> int:
     parser.add_argument("--bucket-mib", type=int, help="broadcast bucket size (default: --update-weight-buffer-size's)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                         help="what the engines are sent (bfloat16: what a run with SGLang engines publishes)")
+    parser.add_argument("--verify", default="off,every",
+                        help="comma list of --verify-weights policies to run each case with (off, first, every)")
     parser.add_argument("--quick", action="store_true", help="tiny model, 1 and 2 engines, one repeat")
     parser.add_argument("--out", default=str(REPO_ROOT / "benchmarks" / "results" / "weight_sync.json"))
     args = parser.parse_args()
@@ -266,6 +296,7 @@ def main() -> int:
     models = [m for m in args.models.split(",") if m]
     counts = [int(n) for n in args.engines.split(",") if n]
     paths = [p for p in args.paths.split(",") if p]
+    policies = [v for v in args.verify.split(",") if v]
 
     import ray
 
@@ -285,22 +316,9 @@ def main() -> int:
                 size_gb = sum(f.stat().st_size for f in dirs[model].glob("*.safetensors")) / 1e9
                 for path in paths:
                     for n in counts:
-                        case: dict[str, Any] = {"model": model, "path": path, "engines": n}
-                        if path == "object-store" and size_gb * n > args.max_object_store_gb:
-                            case["skipped"] = (f"{size_gb:.2f} GB x {n} engines exceeds --max-object-store-gb "
-                                               f"{args.max_object_store_gb:g} (memory)")
-                        else:
-                            print(f"{model} / {path} / {n} engine(s)", flush=True)
-                            try:
-                                case.update(run_case(dirs[model], path, n, args.repeats, train_path))
-                                s = case["summary"]
-                                print(f"  end to end {s['end_to_end_s']:.2f}s = {s['ratio_to_copy']:.1f}x the copy "
-                                      f"({s['copy_s']:.3f}s); engines paused up to {s['max_paused_s']:.2f}s",
-                                      flush=True)
-                            except Exception as exc:  # noqa: BLE001 - reported in the JSON, the others still run
-                                case["error"] = f"{type(exc).__name__}: {exc}"[:500]
-                                print(f"  failed: {case['error']}", flush=True)
-                        report["cases"].append(case)
+                        for verify in policies:
+                            report["cases"].append(one_case(dirs[model], model, path, n, verify, size_gb, args,
+                                                            train_path))
         finally:
             ray.shutdown()
     save_report(report, args.out)
