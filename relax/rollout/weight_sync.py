@@ -124,8 +124,6 @@ class WeightSync:
         entry = self.registry.publish(version, list(bucket_refs), manifest, sender=source)
         if again:
             return entry
-        if self.verify_policy is VerifyPolicy.EVERY:  # every load is checked: have the expected checksums ready
-            self._expected_checksums(entry)
         published, self._published = self._published, asyncio.Event()
         published.set()
         if self._loop_task is None or self._loop_task.done():
@@ -268,10 +266,17 @@ class WeightSync:
 
         async def check(attempt: int) -> Verification:
             began = time.monotonic()
-            expected = await self._expected_checksums(latest)
+            # both sides hash at once: rank 0 its held version (once per version), the engine what it serves
+            served_call = asyncio.ensure_future(self._client(engine_id).weights_checksums(
+                timeout=self._verify_timeout_s))
+            try:
+                expected = await self._expected_checksums(latest)
+            except BaseException:
+                served_call.cancel()
+                raise
             expected_digest = version_digest(expected)
             try:
-                served = await self._client(engine_id).weights_checksums(timeout=self._verify_timeout_s)
+                served = await served_call
             except WeightsUncheckable as exc:
                 outcome = Verification(engine_id, latest.version, VerifyResult.UNCHECKABLE, expected_digest,
                                        seconds=time.monotonic() - began, attempt=attempt, detail=str(exc))
