@@ -370,6 +370,8 @@ def _run(command: str, body: Callable[[argparse.Namespace, ApiClient, Console], 
 
 
 def _cmd_engines(args: argparse.Namespace, client: ApiClient, console: Console) -> int:
+    if args.verify:
+        return _verify_engine(args, client, console)
     body = client.request("GET", "/rollout/engines", params={"model_name": args.model_name})
     if args.json:
         _print_json(body)
@@ -377,6 +379,32 @@ def _cmd_engines(args: argparse.Namespace, client: ApiClient, console: Console) 
     console.print(engines_table(body))
     console.print(f"{body.get('total_engines', 0)} engine(s), {body.get('active_engines', 0)} active")
     return EXIT_OK
+
+
+def _verify_engine(args: argparse.Namespace, client: ApiClient, console: Console) -> int:
+    """``--verify ENGINE``: one line saying what the check found; exit 1 when the engine still differed (failed)."""
+    body = client.request("POST", f"/rollout/engines/{args.verify}/verify")
+    if args.json:
+        _print_json(body)
+    else:
+        console.print(verification_line(body))
+    return EXIT_FAILED if body.get("result") == "mismatch" else EXIT_OK
+
+
+def verification_line(body: Mapping[str, Any]) -> str:
+    """One check (``POST /rollout/engines/{id}/verify``) as one line."""
+    engine, version, result = body.get("engine_id", "?"), body.get("version"), body.get("result")
+    digest = str(body.get("expected_digest") or "")[:12]
+    took = f"in {float(body.get('seconds') or 0.0):.2f}s"
+    if result == "verified":
+        repaired = " after one full reload (the first check found other weights)" if body.get("attempt") else ""
+        return f"{engine}: weights v{version} verified (digest {digest}) {took}{repaired}"
+    if result == "mismatch":
+        names = ", ".join(body.get("mismatched") or [])
+        return (f"{engine}: serves other weights than v{version} even after a full reload (digest "
+                f"{str(body.get('served_digest') or '?')[:12]}, published {digest}; differ: {names}): the engine "
+                "was failed")
+    return f"{engine}: weights v{version} could not be verified (the engine cannot report its checksums)"
 
 
 def _cmd_events(args: argparse.Namespace, client: ApiClient, console: Console) -> int:
@@ -553,6 +581,9 @@ def add_client_parsers(subparsers: Any) -> None:
     engines = subparsers.add_parser("engines", parents=[common], help="list the rollout engines and their status",
                                     description="List the rollout engines of a running Relax control plane.")
     engines.add_argument("--model-name", default=None, help="only this model")
+    engines.add_argument("--verify", metavar="ENGINE", default=None,
+                         help="check ENGINE's served weights against the trainer's publication now (the engine "
+                              "pauses for it; other weights are reloaded once, then the engine is failed)")
     engines.set_defaults(func=_run("engines", _cmd_engines))
 
     scale_out = subparsers.add_parser(

@@ -39,6 +39,7 @@ from relax.rollout.api_models import (
     ScaleNoop,
     ScaleOutBody,
     ScaleOutRequestView,
+    WeightVerificationView,
     _error_items,
     describe_validation_error,
     http_status_of,
@@ -94,6 +95,8 @@ class RolloutBackend(Protocol):
     def cancel_scale_out_batch(self, status_filter: list[str] | None, dry_run: bool) -> Awaitable[dict[str, Any]]: ...
 
     def events(self, limit: int, kind: str | None) -> Awaitable[dict[str, Any]]: ...
+
+    def verify_engine(self, engine_id: str) -> Awaitable[dict[str, Any]]: ...
 
     def relax_status(self) -> Awaitable[dict[str, Any]]: ...
 
@@ -264,6 +267,7 @@ class BearerAuth:
 # Module level, not inside the router factory: with postponed annotations FastAPI resolves these names in
 # the module's globals.
 RequestId = Annotated[str, Path(min_length=1, max_length=128, description="so-<n> or si-<n>")]
+EngineId = Annotated[str, Path(min_length=1, max_length=128, description="engine_<n>")]
 ModelFilter = Annotated[str | None, Query(min_length=1, max_length=256, description="only this model")]
 StatusFilter = Annotated[str | None, Query(min_length=1, max_length=32, description="a request status name")]
 EventsLimit = Annotated[int, Query(ge=1, le=MAX_EVENTS_LIMIT, description="newest N events")]
@@ -279,6 +283,13 @@ def _rollout_router(backend: RolloutBackend) -> APIRouter:
     async def engines(model_name: ModelFilter = None) -> JSONResponse:
         """Engines of the pool with their lifecycle status; removed and failed ones are hidden."""
         return await _answer(backend.engines_view(model_name))
+
+    @router.post("/engines/{engine_id}/verify", response_model=WeightVerificationView,
+                 responses=_error_responses(400, 401, 404, 503))
+    async def verify_engine(engine_id: EngineId) -> JSONResponse:
+        """Check an ACTIVE engine's served weights against the trainer's publication of the version it holds (its
+        ``/weights_checker``, the engine paused); a mismatch reloads the version once, a second fails the engine."""
+        return await _answer(backend.verify_engine(engine_id))
 
     @router.get(
         "/prometheus_sd", response_model=list[PrometheusTargetGroup], responses=_error_responses(401, 503)

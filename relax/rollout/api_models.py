@@ -33,6 +33,7 @@ from relax.rollout.engine_url import normalize_engine_url
 from relax.rollout.pool import EngineRecord, EngineState
 from relax.rollout.scaling import (
     DEFAULT_MODEL,
+    NoSuchEngine,
     NotCancellable,
     RejectedRequest,
     ScaleConflict,
@@ -125,6 +126,7 @@ class InvalidBody(RequestError):
 _SCALING_STATUS: tuple[tuple[type[ScalingError], int], ...] = (
     (UnknownModel, 404),
     (UnknownRequest, 404),
+    (NoSuchEngine, 404),
     (ScaleConflict, 409),
     (NotCancellable, 400),
     (RejectedRequest, 400),
@@ -589,6 +591,25 @@ class EngineView(BaseModel):
             in_flight=record.in_flight,
             node_id=record.node_id,
         )
+
+
+class WeightVerificationView(BaseModel):
+    """``POST /rollout/engines/{engine_id}/verify``: one check of an engine's served weights
+    (``relax.rollout.refit.Verification``)."""
+
+    model_config = _RESPONSE
+
+    engine_id: str
+    version: int
+    result: str
+    """``verified``, ``mismatch`` (still after one full reload: the engine is failed) or ``uncheckable``."""
+    expected_digest: str
+    served_digest: str | None
+    mismatched: list[str]
+    """Tensor names whose checksum differs (the first 20)."""
+    seconds: float
+    attempt: int
+    """0: the first check; 1: the check after one full reload of the version (the first one found a mismatch)."""
 
 
 class ModelEngines(BaseModel):

@@ -9,15 +9,16 @@ a refusal is a typed error of ``rollout.scaling`` (the REST layer maps it to a s
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from relax.rollout.events import SCALE_EVENT_KINDS, EventLog
 from relax.rollout.executor import ScaleExecutor
 from relax.rollout.joins import JoinLog
-from relax.rollout.pool import EnginePool
+from relax.rollout.pool import EnginePool, EngineState, UnknownEngine
 from relax.rollout.scaling import (
     DEFAULT_MODEL,
+    NoSuchEngine,
     RejectedRequest,
     ScaleInSpec,
     ScaleOutSpec,
@@ -38,8 +39,10 @@ class RolloutControl:
         in_flight: Callable[[str], int] | None = None,
         run_status: Callable[[], Mapping[str, Any]] = dict,
         joins: JoinLog | None = None,
+        verify: Callable[[str], Awaitable[Mapping[str, Any]]] | None = None,
     ) -> None:
         self.pool = pool
+        self._verify = verify
         self.executor = executor
         self.event_log = events
         self._in_flight = in_flight
@@ -97,6 +100,21 @@ class RolloutControl:
         if self._in_flight is not None:
             for record in self.pool.records():
                 self.pool.set_in_flight(record.engine_id, self._in_flight(record.engine_id))
+
+    # -- weights ----------------------------------------------------------------------------------
+    async def verify_engine(self, engine_id: str) -> dict[str, Any]:
+        """``POST /rollout/engines/{engine_id}/verify``: check an ACTIVE engine's served weights against its
+        version's publication now; a mismatch is reloaded once, a second one fails the engine."""
+        try:
+            record = self.pool.get(engine_id)
+        except UnknownEngine:
+            raise NoSuchEngine(engine_id) from None
+        if self._verify is None:
+            raise RejectedRequest("this rollout has no weight publications to verify against", code="no_weights")
+        if record.state is not EngineState.ACTIVE:
+            raise RejectedRequest(f"{engine_id} is {record.state.value}: only an ACTIVE engine's weights are checked "
+                                  "on demand (a joining engine is checked as it loads)", code="not_active")
+        return dict(await self._verify(engine_id))
 
     # -- scaling ----------------------------------------------------------------------------------
     async def scale_out(self, spec: ScaleOutSpec) -> dict[str, Any]:

@@ -205,7 +205,8 @@ class RolloutManager:
             on_change=self._state_changed.set,
         )
         self.control = RolloutControl(self.pool, self.executor, self.event_log, in_flight=self.router.in_flight,
-                                      run_status=self._run_status, joins=self.fleet.joins)
+                                      run_status=self._run_status, joins=self.fleet.joins,
+                                      verify=self._verify_engine)
         self._generation: asyncio.Task[None] | None = None
         self._steps: dict[int, _StepStats] = {}
         self._error: BaseException | None = None
@@ -268,10 +269,13 @@ class RolloutManager:
         self.fleet.weight_sync.publish(version, list(bucket_refs), manifest, source=source)
         self.event_log.append(EventKind.WEIGHTS_PUBLISHED, message=f"v{version}")
 
-    async def verify_weights(self, engine_id: str) -> dict[str, Any]:
+    async def verify_engine(self, engine_id: str) -> dict[str, Any]:
         """Check an ACTIVE engine's served weights against its version's publication now (``--verify-weights``
         applies to loads; this is the check on demand). A mismatch reloads the version once; a second one fails
-        the engine. Returns the check (``rollout.refit.Verification``)."""
+        the engine. Returns the check (``rollout.refit.Verification``). Also ``POST /rollout/engines/{id}/verify``."""
+        return await self.control.verify_engine(engine_id)
+
+    async def _verify_engine(self, engine_id: str) -> dict[str, Any]:
         return (await self.fleet.verify_engine(engine_id)).to_dict()
 
     # ------------------------------------------------------------------ dispatch

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from relax.config.flags import PartialSuccessPolicy
@@ -125,6 +125,7 @@ class LocalRollout(RolloutControl):
         max_engines: int | None = None,
         unreachable_urls: Iterable[str] = (),
         clock: Callable[[], float] = time.time,
+        verify: Callable[[str], Awaitable[Mapping[str, Any]]] | None = None,
     ) -> None:
         events = EventLog(clock)
         pool = EnginePool(clock, on_transition=transition_recorder(events))
@@ -143,7 +144,7 @@ class LocalRollout(RolloutControl):
             "trainer_wait_fraction": 0.0,
             "staleness_blocked_fraction": 0.0,
         }
-        super().__init__(pool, executor, events, run_status=lambda: self.training)
+        super().__init__(pool, executor, events, run_status=lambda: self.training, verify=verify)
         self.fleet.start_initial(initial_engines)
 
     # -- knobs for tests ----------------------------------------------------------------------------

@@ -39,9 +39,6 @@ log = logging.getLogger(__name__)
 #: (an HTTP call, an actor call, a collective), so fewer and larger ones are faster; the engine keeps one
 #: receive buffer of this size. 512 MiB is slime's default for the same setting.
 BROADCAST_BUCKET_BYTES = 512 * 2**20
-#: The first bucket of a held version is at most this big: it is on the wire while the later (full-size) ones are
-#: still being copied in, so the copy of the first is all a broadcast waits for (SmolLM2: its embedding alone).
-FIRST_BUCKET_BYTES = 64 * 2**20
 #: How long a broadcast waits for its bucket to be copied in (a copy runs at memory speed: minutes mean trouble).
 COPY_TIMEOUT_S = 300.0
 
@@ -107,7 +104,7 @@ class WeightSender:
         """
         t0 = time.perf_counter()
         layout = ChecksumLayout(layout).value
-        buckets = make_buckets(state, bucket_bytes, dtype=dtype, first_bucket_bytes=FIRST_BUCKET_BYTES)
+        buckets = make_buckets(state, bucket_bytes, dtype=dtype)
         with self._lock:
             latest = max(self._versions, default=None)
             again = self._versions.get(version)

@@ -75,7 +75,7 @@ def publish_tensor(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.Ten
 
 def make_buckets(
     state_dict: Mapping[str, torch.Tensor], bucket_bytes: int = DEFAULT_BUCKET_BYTES, *,
-    dtype: torch.dtype | None = None, first_bucket_bytes: int | None = None,
+    dtype: torch.dtype | None = None,
 ) -> list[dict[str, torch.Tensor]]:
     """Cut a state dict into consecutive buckets of at most ``bucket_bytes`` each (order kept).
 
@@ -88,8 +88,6 @@ def make_buckets(
     the bytes through the object store and shared memory for the same weights the engine ends up with.
     Floating tensors only (``publish_tensor``); None publishes as gathered (the built-in engine on CPU is
     fp32). Sizes, and so the cut, are those of the published tensors.
-
-    ``first_bucket_bytes`` caps the first bucket lower (a broadcast starts sending it while the rest are copied).
     """
     if bucket_bytes <= 0:
         raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
@@ -99,8 +97,7 @@ def make_buckets(
     for name, original in state_dict.items():
         tensor = publish_tensor(original, dtype)
         n = _nbytes(tensor)
-        limit = bucket_bytes if buckets or first_bucket_bytes is None else min(bucket_bytes, first_bucket_bytes)
-        if current and size + n > limit:
+        if current and size + n > bucket_bytes:
             buckets.append(current)
             current, size = {}, 0
         current[name] = tensor

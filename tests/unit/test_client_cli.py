@@ -32,9 +32,16 @@ class Server:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="control-plane", daemon=True)
         self.thread.start()
-        self.backend = LocalRollout(initial_engines=2, step_delay_s=0.02)
+        self.backend = LocalRollout(initial_engines=2, step_delay_s=0.02, verify=self.verify)
         self.plane = ControlPlane(self.backend, "127.0.0.1", 0, TOKEN)
         self.url = self.call(self.plane.start())
+
+    @staticmethod
+    async def verify(engine_id: str) -> dict[str, Any]:
+        """A check on demand, as the rollout manager answers it (engine_1's needed one full reload)."""
+        return {"engine_id": engine_id, "version": 3, "result": "verified", "expected_digest": "ab12" * 16,
+                "served_digest": "ab12" * 16, "mismatched": [], "seconds": 0.25,
+                "attempt": 1 if engine_id == "engine_1" else 0}
 
     def call(self, coro: Any, timeout: float = 30.0) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
@@ -135,6 +142,21 @@ def test_the_engines_table_shows_each_engines_weights_digest_and_whether_a_check
     assert "v3" in rows["engine_0"] and "ab12ab12ab12 verified" in rows["engine_0"]
     assert "cd34cd34cd34" in rows["engine_1"] and "verified" not in rows["engine_1"]
     assert "DIGEST" in text
+
+
+def test_verify_prints_one_line_per_check_and_fails_for_an_engine_that_still_differs(relax):
+    code, out, err = relax("engines", "--verify", "engine_0")
+    assert code == 0, err
+    assert out.strip() == "engine_0: weights v3 verified (digest ab12ab12ab12) in 0.25s"
+    code, out, _ = relax("engines", "--verify", "engine_1")
+    assert code == 0 and "after one full reload" in out
+    code, out, err = relax("engines", "--verify", "engine_7")
+    assert code == 2 and out == "" and "404: unknown engine id 'engine_7'" in err and len(err.strip().splitlines()) == 1
+    failed = client_cli.verification_line({"engine_id": "engine_2", "version": 4, "result": "mismatch",
+                                           "expected_digest": "ab" * 32, "served_digest": "cd" * 32,
+                                           "mismatched": ["model.norm.weight"], "seconds": 0.1, "attempt": 1})
+    assert failed.startswith("engine_2: serves other weights than v4 even after a full reload (digest cdcdcdcdcdcd")
+    assert "model.norm.weight" in failed and failed.endswith("the engine was failed")
 
 
 def test_engines_json(relax):

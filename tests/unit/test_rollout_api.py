@@ -29,6 +29,7 @@ from relax.rollout.api_models import (
 )
 from relax.rollout.control_plane import ControlPlane
 from relax.rollout.manager_client import ManagerClient, ManagerInternalError, ManagerTimeout, ManagerUnavailable
+from relax.rollout.pool import EngineState
 from relax.rollout.relax_metrics import render_metrics
 from relax.rollout.scaling import NotCancellable, RejectedRequest, ScaleConflict, UnknownModel, UnknownRequest
 from relax.testing.local_rollout import LocalRollout
@@ -616,3 +617,34 @@ async def test_manager_client_maps_what_can_go_wrong_between_processes():
         assert not_found.status_code == 404 and "so-7" in not_found.json()["detail"]
         assert (await c.get("/rollout/events")).status_code == 500
         assert (await c.get("/metrics")).status_code == 503
+
+
+# -- weight verification --------------------------------------------------------------------------------
+
+
+async def test_verify_checks_an_active_engine_and_refuses_unknown_or_inactive_ones_clearly() -> None:
+    asked: list[str] = []
+
+    async def verify(engine_id: str) -> dict[str, Any]:
+        asked.append(engine_id)
+        return {"engine_id": engine_id, "version": 3, "result": "verified", "expected_digest": "ab" * 32,
+                "served_digest": "ab" * 32, "mismatched": [], "seconds": 0.2, "attempt": 0}
+
+    backend = LocalRollout(initial_engines=2, verify=verify)
+    try:
+        async with _client(create_app(backend, token=TOKEN), TOKEN) as c:
+            r = await c.post("/rollout/engines/engine_1/verify")
+            assert r.status_code == 200 and r.json()["result"] == "verified" and asked == ["engine_1"]
+            r = await c.post("/rollout/engines/engine_9/verify")
+            assert r.status_code == 404 and "unknown engine id 'engine_9'" in r.json()["detail"]
+            backend.pool.transition("engine_1", EngineState.DRAINING)
+            r = await c.post("/rollout/engines/engine_1/verify")
+            assert r.status_code == 400 and "engine_1 is DRAINING" in r.json()["detail"]
+            async with _client(create_app(backend, token=TOKEN)) as anonymous:
+                assert (await anonymous.post("/rollout/engines/engine_0/verify")).status_code == 401
+            assert asked == ["engine_1"]  # refusals reach no engine
+    finally:
+        await backend.aclose()
+    async with _client(create_app(LocalRollout(initial_engines=1), token=None)) as c:  # no weights to check
+        r = await c.post("/rollout/engines/engine_0/verify")
+        assert r.status_code == 400 and "no weight publications" in r.json()["detail"]

@@ -22,6 +22,7 @@ from __future__ import annotations
 from relax.config.flags import PartialSuccessPolicy
 from relax.rollout.scaling.errors import (
     IllegalRequestTransition,
+    NoSuchEngine,
     NotCancellable,
     RejectedRequest,
     ScaleConflict,
@@ -95,6 +96,7 @@ __all__ = [
     "ScaleRequestRegistry",
     "ScalingError",
     "UnknownModel",
+    "NoSuchEngine",
     "UnknownRequest",
     "Victim",
     "VictimOutcome",

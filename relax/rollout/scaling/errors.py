@@ -20,6 +20,7 @@ __all__ = [
     "RejectedRequest",
     "ScaleConflict",
     "ScalingError",
+    "NoSuchEngine",
     "UnknownModel",
     "UnknownRequest",
 ]
@@ -100,6 +101,15 @@ class UnknownRequest(ScalingError):
         where = f"{direction} " if direction else "scale "
         super().__init__(f"unknown {where}request id {request_id!r} (only the newest finished requests are kept)")
         self.request_id = request_id
+
+
+class NoSuchEngine(ScalingError):
+    """A request names an engine id the pool does not know (never started, or long gone): the REST answer, with
+    the remedy, for what the pool reports as its own lookup error (``relax.rollout.pool.UnknownEngine``)."""
+
+    def __init__(self, engine_id: str) -> None:
+        super().__init__(f"unknown engine id {engine_id!r}: GET /rollout/engines lists the engines of this run")
+        self.engine_id = engine_id
 
 
 class NotCancellable(ScalingError):
