@@ -281,3 +281,24 @@ def test_external_engines_attach_idempotently_and_leave_by_url(elastic, start_en
     assert finished(elastic, "scale_in", body["request_id"])["status"] == "COMPLETED"
     assert [e["kind"] for e in engines(elastic)] == ["initial"]
     assert server.alive  # Relax detaches external engines; it does not own their processes
+
+
+def test_an_engine_is_verified_on_its_first_load_and_on_demand_through_the_manager(elastic, tiny_preset) -> None:
+    from safetensors.torch import load_file
+
+    from relax.training.publisher import publish_state
+    from relax.training.weight_digest import layout_checksums, version_digest
+
+    state = {name: t + 0.01 for name, t in load_file(str(tiny_preset.model_dir / "model.safetensors")).items()}
+    published = ray.get(elastic.status.remote())["latest_published"] + 1
+    ray.get(publish_state(elastic, published, state).registered, timeout=60)  # object store: checksums in its manifest
+    assert ray.get(elastic.wait_weights.remote(published, 120), timeout=130)
+    digest = version_digest(layout_checksums(state, "hf"))
+    (engine,) = [e for e in engines(elastic) if e["kind"] == "initial"]
+    assert (engine["weight_version"], engine["weight_digest"]) == (published, digest)
+    status, check = call(elastic, "verify_engine", engine["engine_id"])
+    assert status == 200 and check["result"] == "verified" and check["expected_digest"] == digest
+    assert check["served_digest"] == digest and check["attempt"] == 0
+    assert call(elastic, "verify_engine", "engine_99")[0] == 404
+    counts = ray.get(elastic.status.remote())["weight_verifications"]
+    assert counts["verified"] >= 1 and counts["mismatch"] == 0
