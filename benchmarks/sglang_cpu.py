@@ -17,10 +17,12 @@ its own), then the transport floor is measured with no engine running. Prints an
   version carries the whole model, scaled so consecutive versions differ. One warm-up version, then
   ``--refits`` timed: ``refit_s`` (``send_version`` end to end: pause, begin, every bucket, end, continue),
   ``paused_s`` (what ``send_version`` reports: how long the engine did not generate), ``transfer_s`` and
-  ``hold_s`` (the trainer flattening the version, not part of ``refit_s``), medians of the timed refits.
-  After the last one, ``verified``: SGLang's own ``/weights_checker`` (``{"action": "checksum"}``, per-tensor
-  SHA-256, its seconds as ``verify_s``) matches ``relax.training.weight_digest.sglang_checksums`` of what the
-  trainer held, tensor by tensor.
+  ``hold_s`` (the trainer's stall: the hold returns once its buffers are chosen and copies behind it, so the
+  copy is inside ``refit_s``), medians of the timed refits. Then one more version refitted as
+  ``--verify-weights every`` does it (``verified_refit``): checked before the engine continues, SGLang's
+  ``/weights_checker`` against the trainer's checksums (``WeightSender.checksums``), both hashing at once;
+  its ``verify_s`` is inside its ``paused_s``. After it, ``verified``: the same answer compared with
+  ``relax.training.weight_digest.sglang_checksums`` (fused copies, the independent reference), tensor by tensor.
 - ``floor``: ``benchmarks/weight_sync.py``'s ``raw_broadcast_seconds`` — a bare gloo broadcast of the same bytes
   in the same buckets to one other process over loopback (no HTTP, no pause, no load into a model), the
   transport's floor here; ``refit_over_floor`` = ``refit_s`` / ``floor_s``.
@@ -62,6 +64,7 @@ from relax.engines.launcher import BuiltinOptions, ServerProcess, builtin_spec
 from relax.engines.loadgen import BurstResult, run_burst
 from relax.engines.sglang import SGLangOptions
 from relax.rollout.broadcast import BroadcastSettings, ThreadWeightSource, close_group, open_group, send_version
+from relax.rollout.weight_sync import check_served_weights
 from relax.training.sender import WeightSender
 from relax.training.weight_digest import checksum_mismatches, sglang_checksums
 
@@ -110,31 +113,41 @@ async def _refit(url: str, model_dir: str, refits: int, bucket_bytes: int) -> di
             group = await open_group("bench-sglang", client, ThreadWeightSource(sender), SETTINGS)
             out["open_group_s"] = round(time.perf_counter() - began, 3)
             try:
-                for version in range(1, refits + 2):
+                for version in range(1, refits + 3):
                     state = _version_state(base, version)
                     began = time.perf_counter()
-                    manifest = sender.hold(version, state, dtype=torch.bfloat16, bucket_bytes=bucket_bytes)
+                    manifest = sender.hold(version, state, dtype=torch.bfloat16, bucket_bytes=bucket_bytes,
+                                           layout="sglang")
                     hold_s = time.perf_counter() - began
+                    check = None
+                    if version == refits + 2:  # the last one as --verify-weights every refits
+
+                        async def check(attempt: int, v: int = version) -> Any:
+                            return await check_served_weights("bench-sglang", v, client, lambda: asyncio.to_thread(
+                                sender.checksums, v), attempt=attempt)
+
                     began = time.perf_counter()
                     timings = await send_version("bench-sglang", client, group, version, manifest, PauseMode.RETRACT,
-                                                 SETTINGS.timeout_s)
+                                                 SETTINGS.timeout_s, check)
                     refit_s = time.perf_counter() - began
                     if timings["bytes"] != manifest.total_bytes:
                         raise RuntimeError(f"v{version}: sent {timings['bytes']} of {manifest.total_bytes} bytes")
                     runs.append({"version": version, "refit_s": round(refit_s, 3),
                                  "paused_s": round(timings["paused_s"], 3),
                                  "transfer_s": round(timings["transfer_s"], 3), "hold_s": round(hold_s, 3),
+                                 "verify_s": round(timings["verify_s"], 3),
+                                 "verification": [v.result.value for v in timings["verifications"]],
                                  "bytes": timings["bytes"], "buckets": timings["buckets"]})
                     print(f"  refit v{version}: {refit_s:.2f}s (paused {timings['paused_s']:.2f}s, "
                           f"{timings['buckets']} bucket(s), {timings['bytes'] / 2**20:.0f} MiB)", flush=True)
                 out["served_version"] = await client.get_weight_version()
             finally:
                 await close_group(group, client)
-        timed = runs[1:]
+        timed, out["verified_refit"] = runs[1:-1], runs[-1]
         out.update({"bytes": runs[0]["bytes"], "buckets": runs[0]["buckets"], "warmup": runs[0], "runs": timed,
                     **{key: round(statistics.median(r[key] for r in timed), 3)
                        for key in ("refit_s", "paused_s", "transfer_s", "hold_s")}})
-        out.update(await _verify(url, state, str(refits + 1)))
+        out.update(await _verify(url, state, str(refits + 2)))
     finally:
         sender.shutdown()
     return out
@@ -259,7 +272,7 @@ def main() -> int:
         floor: dict[str, Any] = {}
         if "bytes" in refit:
             print("floor: bare gloo broadcast", flush=True)
-            floor_s = raw_broadcast_seconds(refit["bytes"], args.bucket_mib * 2**20, repeats=3, receivers=1)
+            floor_s = raw_broadcast_seconds(refit["bytes"], args.bucket_mib * 2**20, repeats=7, receivers=1)
             floor = {"floor_s": round(floor_s, 3), "bytes": refit["bytes"], "bucket_mib": args.bucket_mib}
             refit["floor_s"] = floor["floor_s"]
             refit["refit_over_floor"] = round(refit["refit_s"] / floor_s, 2)
@@ -273,11 +286,13 @@ def main() -> int:
         "sglang16_vs_builtin16": round(s16 / b16, 2) if s16 and b16 else None,
         "refit_over_floor": refit.get("refit_over_floor"),
         "verified": refit.get("verified"),
+        "verified_refit": refit.get("verified_refit"),
         "sglang": sglang, "builtin": builtin, "floor": floor,
         "total_s": round(time.perf_counter() - began, 1),
     }
     save_report(report, args.out)
-    return 1 if "error" in sglang or "error" in builtin or not refit.get("verified") else 0
+    checked = (refit.get("verified_refit") or {}).get("verification") == ["verified"]
+    return 1 if "error" in sglang or "error" in builtin or not refit.get("verified") or not checked else 0
 
 
 if __name__ == "__main__":

@@ -48,7 +48,7 @@ from relax.rollout.weight_transport import Check, TransportKind, VersionSupersed
 from relax.training.publication import PublishedWeights, WeightConflict, WeightManifest, WeightRegistry
 from relax.training.weight_digest import checksum_mismatches, version_digest
 
-__all__ = ["WeightSync", "engines_behind", "standard_transports"]
+__all__ = ["WeightSync", "check_served_weights", "engines_behind", "standard_transports"]
 
 log = logging.getLogger("relax.rollout")
 
@@ -66,6 +66,32 @@ def engines_behind(active: Iterable[EngineRecord], latest_version: int | None) -
     if latest_version is None:
         return []
     return [r.engine_id for r in active if (r.weight_version or 0) < latest_version]
+
+
+async def check_served_weights(engine_id: str, version: int, client: Any,
+                               expected: Callable[[], Awaitable[Mapping[str, str]]], *, attempt: int = 0,
+                               timeout_s: float = VERIFY_TIMEOUT_S) -> Verification:
+    """One check: the engine's ``/weights_checker`` answer against ``expected()`` (the publication's checksums).
+
+    Both sides hash at once (the trainer's rank 0 its held version, once per version; the engine what it serves),
+    so a check costs the slower of the two, not their sum.
+    """
+    began = time.monotonic()
+    served_call = asyncio.ensure_future(client.weights_checksums(timeout=timeout_s))
+    try:
+        wanted = dict(await expected())
+    except BaseException:
+        served_call.cancel()
+        raise
+    expected_digest = version_digest(wanted)
+    try:
+        served = await served_call
+    except WeightsUncheckable as exc:
+        return Verification(engine_id, version, VerifyResult.UNCHECKABLE, expected_digest,
+                            seconds=time.monotonic() - began, attempt=attempt, detail=str(exc))
+    bad = checksum_mismatches(wanted, served)
+    return Verification(engine_id, version, VerifyResult.MISMATCH if bad else VerifyResult.VERIFIED, expected_digest,
+                        version_digest(served), tuple(bad), time.monotonic() - began, attempt)
 
 
 def standard_transports(launcher: EngineLauncher, model_path: str, broadcast: BroadcastSettings,
@@ -265,26 +291,9 @@ class WeightSync:
         """The check of one engine against ``latest``, as ``rollout.refit.load_verified`` calls it."""
 
         async def check(attempt: int) -> Verification:
-            began = time.monotonic()
-            # both sides hash at once: rank 0 its held version (once per version), the engine what it serves
-            served_call = asyncio.ensure_future(self._client(engine_id).weights_checksums(
-                timeout=self._verify_timeout_s))
-            try:
-                expected = await self._expected_checksums(latest)
-            except BaseException:
-                served_call.cancel()
-                raise
-            expected_digest = version_digest(expected)
-            try:
-                served = await served_call
-            except WeightsUncheckable as exc:
-                outcome = Verification(engine_id, latest.version, VerifyResult.UNCHECKABLE, expected_digest,
-                                       seconds=time.monotonic() - began, attempt=attempt, detail=str(exc))
-            else:
-                bad = checksum_mismatches(expected, served)
-                outcome = Verification(engine_id, latest.version,
-                                       VerifyResult.MISMATCH if bad else VerifyResult.VERIFIED, expected_digest,
-                                       version_digest(served), tuple(bad), time.monotonic() - began, attempt)
+            outcome = await check_served_weights(engine_id, latest.version, self._client(engine_id),
+                                                 lambda: self._expected_checksums(latest), attempt=attempt,
+                                                 timeout_s=self._verify_timeout_s)
             self._record(outcome)
             return outcome
 

@@ -119,6 +119,7 @@ def full_status() -> dict[str, object]:
     status: dict[str, object] = {key: 1.0 for key, _, _ in GAUGES + COUNTERS}
     status["engines_by_state"] = {s.value: 1 for s in EngineState}
     status["scale_events_total"] = {"scale_out_requested": 1}
+    status["weight_verifications"] = {"verified": 2, "mismatch": 1, "uncheckable": 0}
     return status
 
 
@@ -150,7 +151,7 @@ def test_the_collection_finds_what_the_code_emits():
     assert {"rollout/reward_mean", "staleness/max", "train/loss", "train/grad_norm", "train/wall_time_s",
             "time/step_s", "time/eval_s", "engines/active", "eval/<dataset>/pass@<k>"} <= keys
     assert {"relax_engines", "relax_training_step", "relax_rollout_tokens_total",
-            "relax_scale_events_total"} <= set(control_plane_series())
+            "relax_scale_events_total", "relax_weight_verifications_total"} <= set(control_plane_series())
     assert {"sglang:num_queue_reqs", "sglang:time_to_first_token_seconds",
             "relax_engine_served_weight_version"} <= set(engine_series())
 

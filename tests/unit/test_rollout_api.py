@@ -400,6 +400,9 @@ def test_render_metrics_skips_missing_and_non_numeric_values():
     assert samples[("relax_engines", (("state", "ZOMBIE"),))] == 2  # an unknown state is shown, not dropped
     assert samples[("relax_rollout_tokens_total", ())] == 5000
     assert not any(name in ("relax_training_step", "relax_staleness_mean") for name, _ in samples)
+    checks = _samples(render_metrics({"weight_verifications": {"verified": 7, "mismatch": 1}}).decode())
+    assert checks[("relax_weight_verifications_total", (("result", "mismatch"),))] == 1
+    assert checks[("relax_weight_verifications_total", (("result", "verified"),))] == 7
 
 
 async def test_metrics_is_503_when_the_backend_cannot_answer():
