@@ -57,7 +57,7 @@ class WeightSource(Protocol):
 
     async def broadcast(self, name: str, version: int, index: int) -> int: ...
 
-    async def checksums(self, version: int, timeout_s: float) -> dict[str, str]: ...
+    async def checksums(self, version: int, timeout_s: float, algorithm: str) -> dict[str, str]: ...
 
     async def close(self, name: str) -> None: ...
 
@@ -86,8 +86,8 @@ class RayWeightSource:
     async def broadcast(self, name: str, version: int, index: int) -> int:
         return await self._call("weights_broadcast", name, version, index)
 
-    async def checksums(self, version: int, timeout_s: float) -> dict[str, str]:
-        return await self._call("weights_checksums", version, timeout_s)
+    async def checksums(self, version: int, timeout_s: float, algorithm: str) -> dict[str, str]:
+        return await self._call("weights_checksums", version, timeout_s, algorithm)
 
     async def close(self, name: str) -> None:
         await self._call("weights_close", name)
@@ -114,8 +114,8 @@ class ThreadWeightSource:
     async def broadcast(self, name: str, version: int, index: int) -> int:
         return await asyncio.to_thread(self.sender.broadcast, name, version, index)
 
-    async def checksums(self, version: int, timeout_s: float) -> dict[str, str]:
-        return await asyncio.to_thread(self.sender.checksums, version, timeout_s)
+    async def checksums(self, version: int, timeout_s: float, algorithm: str) -> dict[str, str]:
+        return await asyncio.to_thread(self.sender.checksums, version, timeout_s, algorithm)
 
     async def close(self, name: str) -> None:
         await asyncio.to_thread(self.sender.close, name)

@@ -46,7 +46,7 @@ from relax.rollout.refit import (
 )
 from relax.rollout.weight_transport import Check, TransportKind, VersionSuperseded, WeightTransport, choose_transport
 from relax.training.publication import PublishedWeights, WeightConflict, WeightManifest, WeightRegistry
-from relax.training.weight_digest import checksum_mismatches, version_digest
+from relax.training.weight_digest import ChecksumAlgorithm, checksum_algorithm, checksum_mismatches, version_digest
 
 __all__ = ["WeightSync", "check_served_weights", "engines_behind", "standard_transports"]
 
@@ -80,6 +80,10 @@ async def check_served_weights(engine_id: str, version: int, client: Any,
     served_call = asyncio.ensure_future(client.weights_checksums(timeout=timeout_s))
     try:
         wanted = dict(await expected())
+    except LookupError as exc:  # no checksums to compare with (this hash not published, the version dropped)
+        served_call.cancel()
+        return Verification(engine_id, version, VerifyResult.UNCHECKABLE, "", seconds=time.monotonic() - began,
+                            attempt=attempt, detail=str(exc))
     except BaseException:
         served_call.cancel()
         raise
@@ -135,7 +139,9 @@ class WeightSync:
         self._on_verification = on_verification
         self._verify_timeout_s = verify_timeout_s
         self._verified: set[str] = set()  # engines one of whose loads passed a check
-        self._expected: dict[int, asyncio.Task[dict[str, str]]] = {}  # per version: its publication's checksums
+        # per (version, hash): the publication's checksums; per engine: how it hashes
+        self._expected: dict[tuple[int, ChecksumAlgorithm], asyncio.Task[dict[str, str]]] = {}
+        self._algorithms: dict[str, ChecksumAlgorithm] = {}
         self.verifications: dict[str, int] = {r.value: 0 for r in VerifyResult}  # checks made, by result
         self.last_verifications: dict[str, dict[str, Any]] = {}  # per engine: its last check
 
@@ -195,14 +201,14 @@ class WeightSync:
                 if latest is None:
                     return
                 record = self.pool.get(engine_id)
-                step = plan_refit(EngineWeights(record.weight_version, record.weight_digest), latest.version,
-                                  self._known_digest(latest.version))
+                known = self._known_digest(engine_id, latest.version)
+                step = plan_refit(EngineWeights(record.weight_version, record.weight_digest), latest.version, known)
                 if step is RefitStep.NOTHING:
                     return
                 if step is RefitStep.REFUSE:
                     raise WeightConflict(f"{engine_id} holds weights v{latest.version} with digest "
                                          f"{(record.weight_digest or '')[:12]}, but v{latest.version} was published "
-                                         f"with digest {(self._known_digest(latest.version) or '')[:12]}")
+                                         f"with digest {(known or '')[:12]}")
                 check = (self._check(engine_id, latest)
                          if should_verify(self.verify_policy, verified_before=engine_id in self._verified) else None)
                 try:
@@ -252,38 +258,54 @@ class WeightSync:
                                      verified)
         if verified:
             self._verified.add(engine_id)
-        elif self.verify_policy is not VerifyPolicy.OFF:  # (version, digest) known, without a check of this load
+        elif self.verify_policy is not VerifyPolicy.OFF and engine_id in self._algorithms:
+            # (version, digest) known without a check of this load: the publication's digest in the engine's hash
 
             def learn(task: asyncio.Task[dict[str, str]]) -> None:
                 if not task.cancelled() and task.exception() is None and engine_id in self._locks:
                     self.pool.set_weight_digest(engine_id, latest.version, version_digest(task.result()))
 
-            self._expected_checksums(latest).add_done_callback(learn)
+            self._expected_checksums(latest, self._algorithms[engine_id]).add_done_callback(learn)
 
     # ------------------------------------------------------------------ verification
-    def _known_digest(self, version: int) -> str | None:
-        task = self._expected.get(version)
+    def _known_digest(self, engine_id: str, version: int) -> str | None:
+        """The digest of ``version`` as ``engine_id`` would report it, when already known (its hash is known and the
+        version's checksums in that hash were fetched)."""
+        algorithm = self._algorithms.get(engine_id)
+        task = None if algorithm is None else self._expected.get((version, algorithm))
         if task is None or not task.done() or task.cancelled() or task.exception() is not None:
             return None
         return version_digest(task.result())
 
-    def _expected_checksums(self, latest: PublishedWeights) -> asyncio.Task[dict[str, str]]:
-        """The checksums an engine holding ``latest`` reports: the manifest's, or asked of the trainer's rank 0
-        (once per version; it hashes the held buffers on a thread of its own)."""
-        task = self._expected.get(latest.version)
+    async def _algorithm(self, engine_id: str) -> ChecksumAlgorithm:
+        """How the engine hashes what it serves (``checksum_algorithm`` of its ``/server_info``), asked once."""
+        algorithm = self._algorithms.get(engine_id)
+        if algorithm is None:
+            info = await self._client(engine_id).get_server_info()
+            algorithm = self._algorithms[engine_id] = checksum_algorithm(info if isinstance(info, dict) else {})
+        return algorithm
+
+    def _expected_checksums(self, latest: PublishedWeights,
+                            algorithm: ChecksumAlgorithm = ChecksumAlgorithm.SHA256) -> asyncio.Task[dict[str, str]]:
+        """The checksums an engine holding ``latest`` and hashing with ``algorithm`` reports: the manifest's (SHA-256
+        only), or asked of the trainer's rank 0 (once per version and hash; it hashes its held buffers)."""
+        key = (latest.version, ChecksumAlgorithm(algorithm))
+        task = self._expected.get(key)
         if task is None or (task.done() and not task.cancelled() and task.exception() is not None):
             async def fetch() -> dict[str, str]:
-                if latest.manifest.checksums is not None:
+                if latest.manifest.checksums is not None and key[1] is ChecksumAlgorithm.SHA256:
                     return dict(latest.manifest.checksums)
                 if latest.sender is None:
-                    raise RuntimeError(f"weights v{latest.version} carry no checksums and have no sender to ask")
-                return dict(await asyncio.wait_for(latest.sender.checksums(latest.version, self._verify_timeout_s),
-                                                   self._verify_timeout_s + 5.0))
+                    raise LookupError(f"weights v{latest.version} carry no {key[1].value} checksums (an object-store "
+                                      "publication has SHA-256 ones only) and have no sender to ask")
+                return dict(await asyncio.wait_for(
+                    latest.sender.checksums(latest.version, self._verify_timeout_s, key[1].value),
+                    self._verify_timeout_s + 5.0))
 
-            task = self._expected[latest.version] = asyncio.ensure_future(fetch())
+            task = self._expected[key] = asyncio.ensure_future(fetch())
             task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved: never "never retrieved"
             held = set(self.registry.versions())
-            for old in [v for v in self._expected if v not in held]:
+            for old in [k for k in self._expected if k[0] not in held]:
                 self._expected.pop(old).cancel()
         return task
 
@@ -291,8 +313,9 @@ class WeightSync:
         """The check of one engine against ``latest``, as ``rollout.refit.load_verified`` calls it."""
 
         async def check(attempt: int) -> Verification:
+            algorithm = await self._algorithm(engine_id)
             outcome = await check_served_weights(engine_id, latest.version, self._client(engine_id),
-                                                 lambda: self._expected_checksums(latest), attempt=attempt,
+                                                 lambda: self._expected_checksums(latest, algorithm), attempt=attempt,
                                                  timeout_s=self._verify_timeout_s)
             self._record(outcome)
             return outcome
@@ -342,6 +365,7 @@ class WeightSync:
             await transport.forget(engine_id, client)
         self._locks.pop(engine_id, None)
         self._verified.discard(engine_id)
+        self._algorithms.pop(engine_id, None)
         idle = self._idle.pop(engine_id, None)
         if idle is not None:
             idle.set()  # nothing waits on a departed engine

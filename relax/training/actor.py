@@ -707,8 +707,8 @@ class TrainerActor:
     def weights_release(self, version: int) -> None:
         self._sender().release(version)
 
-    def weights_checksums(self, version: int, timeout_s: float) -> dict[str, str]:
-        return self._sender().checksums(version, timeout_s)
+    def weights_checksums(self, version: int, timeout_s: float, algorithm: str = "sha256") -> dict[str, str]:
+        return self._sender().checksums(version, timeout_s, algorithm)
 
     def weights_broadcast(self, name: str, version: int, index: int) -> int:
         return self._sender().broadcast(name, version, index)

@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -28,7 +28,7 @@ import torch
 from relax.cluster.weight_group import WeightGroup, host_rendezvous, init_weight_group
 from relax.training.flat_bucket import BucketSpec, flatten, unflatten
 from relax.training.publication import WeightConflict, WeightManifest
-from relax.training.weight_digest import ChecksumLayout, layout_checksums, version_digest
+from relax.training.weight_digest import ChecksumAlgorithm, ChecksumLayout, layout_checksums, version_digest
 from relax.training.weights import make_buckets
 
 __all__ = ["BROADCAST_BUCKET_BYTES", "HeldVersion", "WeightConflict", "WeightSender"]
@@ -55,7 +55,7 @@ class HeldVersion:
     buffers: tuple[torch.Tensor, ...]
     layout: str = ChecksumLayout.HF.value
     ready: tuple[Future[None], ...] = ()
-    checksums: Future[dict[str, str]] | None = None  # computed once, on the first request
+    checksums: dict[str, Future[dict[str, str]]] = field(default_factory=dict)  # per algorithm, on first request
 
     @property
     def nbytes(self) -> int:
@@ -153,7 +153,7 @@ class WeightSender:
         if not same_shape or layout != held.layout:
             raise WeightConflict(f"weight version {held.version} is already held with other tensors (names, shapes or "
                                  "dtypes): a version number names one set of weights (publish a new version)")
-        theirs = version_digest(self.checksums(held.version))
+        theirs = version_digest(self.checksums(held.version))  # SHA-256: whatever the engines use, it is the same
         ours = version_digest(layout_checksums(new, layout))
         if ours != theirs:
             raise WeightConflict(f"weight version {held.version} is already held with digest {theirs[:12]}; this "
@@ -171,26 +171,29 @@ class WeightSender:
             with contextlib.suppress(Exception):  # a failed copy is the broadcast's error, not the step's
                 version.wait_ready(timeout_s=timeout_s)
 
-    def checksums(self, version: int, timeout_s: float | None = None) -> dict[str, str]:
+    def checksums(self, version: int, timeout_s: float | None = None,
+                  algorithm: ChecksumAlgorithm | str = ChecksumAlgorithm.SHA256) -> dict[str, str]:
         """Per served tensor, what an engine holding ``version`` reports on ``/weights_checker`` (in the layout the
-        version was held for); computed once, on the first request, from the held buffers."""
+        version was held for, hashed as the engine hashes); computed once per algorithm, on the first request, from
+        the held buffers."""
+        algorithm = ChecksumAlgorithm(algorithm).value
         held = self._held(version)
         with self._lock:
-            future, compute = held.checksums, held.checksums is None
-            if compute:
-                future = held.checksums = Future()
-        assert future is not None
+            future = held.checksums.get(algorithm)
+            compute = future is None
+            if future is None:
+                future = held.checksums[algorithm] = Future()
         if compute:
             try:
                 held.wait_ready(timeout_s=timeout_s)
                 t0 = time.perf_counter()
-                future.set_result(layout_checksums(held.tensors(), held.layout))
-                log.debug("weights v%d: %d checksums in %.3fs", version, len(future.result()),
+                future.set_result(layout_checksums(held.tensors(), held.layout, algorithm=algorithm))
+                log.debug("weights v%d: %d %s checksums in %.3fs", version, len(future.result()), algorithm,
                           time.perf_counter() - t0)
             except BaseException as exc:
                 future.set_exception(exc)
                 with self._lock:
-                    held.checksums = None  # the next request tries again
+                    held.checksums.pop(algorithm, None)  # the next request tries again
         return dict(future.result(timeout=timeout_s))
 
     def _spare_buffers(self, sizes: list[int]) -> list[torch.Tensor | None]:
@@ -205,7 +208,7 @@ class WeightSender:
                 return [None] * len(sizes)
             oldest = min(self._versions)
             held = self._versions[oldest]
-            hashing = held.checksums is not None and not held.checksums.done()
+            hashing = any(not f.done() for f in held.checksums.values())
             if (self._sending.get(oldest, 0) or self._pinned(oldest) or hashing
                     or [b.numel() for b in held.buffers] != sizes):
                 return [None] * len(sizes)

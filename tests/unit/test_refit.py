@@ -101,6 +101,10 @@ class FakeEngine:
         self.corrupt_next_loads = 0
         self.loads = 0
         self.paused = False
+        self.server_info: dict[str, Any] = {"device": "cpu"}
+
+    async def get_server_info(self) -> dict[str, Any]:
+        return self.server_info
 
     async def weights_checksums(self, *, timeout: float | None = None) -> dict[str, str]:
         if self.served is None:
@@ -266,3 +270,24 @@ def test_publishing_a_version_again_is_a_no_op_and_other_weights_under_it_are_re
         assert not seen and pool.get("engine_0").weight_digest is None  # off: nothing asked, nothing known
 
     asyncio.run(main())
+
+
+def test_an_engine_on_a_gpu_is_checked_in_sglangs_gpu_hash_which_an_object_store_version_lacks() -> None:
+    async def main() -> None:
+        pool, sync, engines, failures, seen = setup(1, "every")
+        engines["engine_0"].server_info = {"device": "cuda", "tp_size": 1}
+        await publish_and_settle(sync, 1)  # the manifest carries SHA-256 checksums only
+        (outcome,) = seen
+        assert outcome.result is VerifyResult.UNCHECKABLE and "sglang-gpu" in outcome.detail
+        assert pool.get("engine_0").weight_version == 1 and not failures
+
+    asyncio.run(main())
+
+
+def test_which_hash_an_engine_uses_is_read_from_its_server_info() -> None:
+    from relax.training.weight_digest import ChecksumAlgorithm, checksum_algorithm
+
+    assert checksum_algorithm({"engine": "relax-builtin", "device": "cuda"}) is ChecksumAlgorithm.SHA256
+    assert checksum_algorithm({"device": "cpu"}) is ChecksumAlgorithm.SHA256  # SGLang on CPU
+    assert checksum_algorithm({"device": "cuda"}) is ChecksumAlgorithm.SGLANG_GPU
+    assert checksum_algorithm({}) is ChecksumAlgorithm.SGLANG_GPU  # SGLang's default device
