@@ -20,8 +20,11 @@ context cannot take the others down; the report says what each measured, or its 
    needs one GPU per rank): that outcome is reported as ``unsupported`` with NCCL's error, and the same buckets
    also go over CUDA IPC (``torch.multiprocessing``), which is how an engine colocated on the trainer's GPU
    receives weights (SGLang's ``update_weights_from_tensor``).
+4. ``weight_digest``: what a verified refit costs rank 0 (``--verify-weights``): the model's bf16 weights hashed in
+   SGLang's layout with SGLang's GPU hash (``relax.training.weight_digest.sglang_gpu_hash``, in torch, on the
+   device) and with SHA-256 (on the host), in GB/s, and the seconds that makes for Qwen3-4B's 8.05 GB.
 
-    python benchmarks/gpu_check.py [--quick] [--out FILE] [--peak-tflops X] [--checks train,engine,transfer]
+    python benchmarks/gpu_check.py [--quick] [--out FILE] [--peak-tflops X] [--checks train,engine,transfer,digest]
 
 ``--quick`` shrinks everything (a ~100M model, 2 timed steps, short bursts), sized for ~3 minutes on an H200; the
 default (Qwen3-0.6B's shape, 8 x 1024 tokens a step) for well under 8. ``--checks`` runs a subset (to rerun one).
@@ -60,7 +63,7 @@ if str(REPO_ROOT) not in sys.path:  # `relax` (the engine check only) without a 
 
 LOOPBACK = "127.0.0.1"
 NO_CUDA_MESSAGE = "no CUDA device: this check needs one GPU"
-CHECKS = ("train", "engine", "transfer")
+CHECKS = ("train", "engine", "transfer", "digest")
 #: What the built-in engine's server imports beyond torch + transformers; checked before anything is built.
 ENGINE_MODULES = ("fastapi", "uvicorn", "pydantic", "prometheus_client", "httpx")
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # pad, chat start, eos: Qwen's, last in the vocab
@@ -932,6 +935,38 @@ def check_transfer(plan: Plan, env: dict[str, Any]) -> dict[str, Any]:
             "broadcast": broadcast, "cuda_ipc" if env["device"] == "cuda" else "shared_memory_ipc": ipc}
 
 
+QWEN3_4B_BF16_BYTES = 8_045_000_000  # Qwen3-4B's 4.02B parameters in bf16
+
+
+def check_digest(plan: Plan, env: dict[str, Any]) -> dict[str, Any]:
+    """Check 4: rank 0's checksums of one version, in the layout and hash an SGLang engine on this device answers."""
+    from transformers import AutoModelForCausalLM
+
+    from relax.training.weight_digest import ChecksumAlgorithm, layout_checksums
+
+    device = torch.device(env["device"])
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(qwen3_config(plan.model), dtype=torch.bfloat16)
+    tensors = {name: t.detach() for name, t in model.state_dict().items()
+               if name != "lm_head.weight"}  # tied: a publication drops it, as a checkpoint does
+    nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
+    out: dict[str, Any] = {"bytes": nbytes, "tensors": len(tensors)}
+    for algorithm, where in ((ChecksumAlgorithm.SGLANG_GPU, tensors),
+                             (ChecksumAlgorithm.SHA256, {n: t.cpu() for n, t in tensors.items()})):
+        layout_checksums({n: t for n, t in list(where.items())[:2]}, "hf", algorithm=algorithm)  # warm-up
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        began = time.perf_counter()
+        sums = layout_checksums(where, "sglang", algorithm=algorithm)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - began
+        out[algorithm.value] = {"seconds": round(seconds, 3), "gb_per_s": round(nbytes / seconds / 1e9, 2),
+                                "served_tensors": len(sums),
+                                "qwen3_4b_seconds": round(QWEN3_4B_BF16_BYTES / (nbytes / seconds), 2)}
+    return out
+
+
 # -- the script --------------------------------------------------------------------------------------------------
 
 
@@ -962,6 +997,10 @@ def _headline(name: str, status: str, result: dict[str, Any]) -> str:
     if name == "builtin_engine":
         return (f" - {result['concurrency_1']['tokens_per_s']} tokens/s at 1, "
                 f"{result['concurrency_16']['tokens_per_s']} at 16 ({result['server_device']})")
+    if name == "weight_digest":
+        gpu, sha = result["sglang-gpu"], result["sha256"]
+        return (f" - SGLang's GPU hash {gpu['gb_per_s']} GB/s (Qwen3-4B {gpu['qwen3_4b_seconds']}s), SHA-256 "
+                f"{sha['gb_per_s']} GB/s")
     if name == "weight_transfer":
         parts = []
         for key in ("broadcast", "cuda_ipc", "shared_memory_ipc"):
@@ -1035,6 +1074,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "train": ("fsdp2_train_step", lambda: check_train(plan, env, args.peak_tflops)),
             "engine": ("builtin_engine", lambda: check_engine(plan, env, Path(tmp))),
             "transfer": ("weight_transfer", lambda: check_transfer(plan, env)),
+            "digest": ("weight_digest", lambda: check_digest(plan, env)),
         }
         for key in CHECKS:
             if key in checks:

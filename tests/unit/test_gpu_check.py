@@ -236,7 +236,8 @@ def test_cpu_smoke_runs_every_check(tmp_path: Path) -> None:
     result = _run("--cpu-smoke", "--out", str(out), timeout=280)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     report = json.loads(out.read_text())
-    assert report["statuses"] == {"fsdp2_train_step": "ok", "builtin_engine": "ok", "weight_transfer": "ok"}
+    assert report["statuses"] == {"fsdp2_train_step": "ok", "builtin_engine": "ok", "weight_transfer": "ok",
+                                  "weight_digest": "ok"}
     train = report["checks"]["fsdp2_train_step"]
     assert train["parameters"] == gc.count_parameters(gc.SMOKE_TINY)["total"]
     assert train["master_weights"] == "torch.float32 DTensor" and train["mfu"] is None
@@ -245,6 +246,8 @@ def test_cpu_smoke_runs_every_check(tmp_path: Path) -> None:
     transfer = report["checks"]["weight_transfer"]
     for part in (transfer["broadcast"], transfer["shared_memory_ipc"]):
         assert part["verified"] and part["receiver_differed_before"] and part["buckets"] > 1
+    digest = report["checks"]["weight_digest"]
+    assert digest["sglang-gpu"]["served_tensors"] == digest["sha256"]["served_tensors"] > 0
 
 
 # -- how the transfer runs are summarized ----------------------------------------------------------------------
