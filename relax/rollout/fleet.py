@@ -280,6 +280,10 @@ class EngineFleet:
         except WeightMismatch as exc:
             await self.on_engine_failure(engine_id, exc, confirmed=True)
             return exc.verifications[-1]
+        except Exception as exc:  # paused, maybe part-reloaded: never left serving in an unknown state
+            await self.on_engine_failure(engine_id, exc, confirmed=True)
+            raise RuntimeError(f"{engine_id}: the check could not finish ({failure_cause(exc)}); the engine was "
+                               "failed") from exc
 
     def engine_keys(self, engine_id: str) -> EngineKeys:
         """An engine's keys: its own pair for engines the run started, the operator's one key for attached ones."""

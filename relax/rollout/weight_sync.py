@@ -80,10 +80,12 @@ async def check_served_weights(engine_id: str, version: int, client: Any,
     served_call = asyncio.ensure_future(client.weights_checksums(timeout=timeout_s))
     try:
         wanted = dict(await expected())
-    except LookupError as exc:  # no checksums to compare with (this hash not published, the version dropped)
+    except Exception as exc:  # noqa: BLE001 - nothing to compare with: the engine cannot be judged, not failed
         served_call.cancel()
+        served_call.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved, never "never retrieved"
+        log.warning("%s: no checksums of v%d to check it against: %s", engine_id, version, exc)
         return Verification(engine_id, version, VerifyResult.UNCHECKABLE, "", seconds=time.monotonic() - began,
-                            attempt=attempt, detail=str(exc))
+                            attempt=attempt, detail=f"no checksums of v{version} to compare with: {exc}")
     except BaseException:
         served_call.cancel()
         raise
