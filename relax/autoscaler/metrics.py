@@ -1,8 +1,8 @@
 """What the autoscaler sees: engines' Prometheus text turned into frames (docs/architecture.md, "The autoscaler").
 
-Pure except for ``scrape_all`` (the only code here that does I/O). The pipeline is
+Pure: the fetching is ``relax.autoscaler.scrape`` (the HTTP half). The pipeline is
 
-    scrape_all(urls) -> {engine_id: text | error}
+    scrape_all(urls) -> {engine_id: text | error}                     (relax.autoscaler.scrape)
     build_cluster_frame(now, results, previous) -> ClusterFrame      (one instant, whole pool)
     MetricsHistory.add(frame)                                        (recent frames, throughput CV)
 
@@ -25,14 +25,12 @@ Design choices, and why:
 
 from __future__ import annotations
 
-import asyncio
 import math
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 __all__ = [
@@ -48,9 +46,7 @@ __all__ = [
     "build_cluster_frame",
     "histogram_quantile",
     "json_number",
-    "metrics_url",
     "parse_engine_metrics",
-    "scrape_all",
 ]
 
 # EngineMetrics field -> SGLang metric name (docs/architecture.md, "Engines").
@@ -537,47 +533,3 @@ class MetricsHistory:
 # Scraping (the only I/O in this module)
 
 
-def metrics_url(url: str) -> str:
-    """An engine's base URL or its full ``/metrics`` URL -> the ``/metrics`` URL."""
-    text = url.rstrip("/")
-    return text if text.endswith("/metrics") else f"{text}/metrics"
-
-
-async def scrape_all(
-    urls: Mapping[str, str],
-    timeout: float,
-    *,
-    token: str | None = None,
-    client: httpx.AsyncClient | None = None,
-) -> dict[str, str | Exception]:
-    """Fetch ``/metrics`` of every engine concurrently; each answer is the text or the exception.
-
-    ``timeout`` bounds each engine's whole request (connect + read), so one hung engine costs one
-    timeout, not one per engine. Never raises for an engine's failure: the caller turns failures into
-    missing engines and lower coverage. Proxy variables are ignored (engines are cluster-internal).
-    """
-    if timeout <= 0:
-        raise ValueError(f"timeout must be positive, got {timeout}")
-    if not urls:
-        return {}
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    own = client is None
-    http = client or httpx.AsyncClient(timeout=timeout, headers=headers, trust_env=False)
-    try:
-        answers = await asyncio.gather(*(_scrape_one(http, metrics_url(u), timeout) for u in urls.values()))
-    finally:
-        if own:
-            await http.aclose()
-    return dict(zip(urls, answers, strict=True))
-
-
-async def _scrape_one(http: httpx.AsyncClient, url: str, timeout: float) -> str | Exception:
-    try:
-        response = await asyncio.wait_for(http.get(url, timeout=timeout), timeout)
-    except (asyncio.TimeoutError, httpx.TimeoutException):
-        return ScrapeError(f"GET {url} timed out after {timeout:g}s")
-    except httpx.HTTPError as error:
-        return ScrapeError(f"GET {url} failed: {type(error).__name__}: {error}")
-    if not response.is_success:
-        return ScrapeError(f"GET {url} -> HTTP {response.status_code}")
-    return response.text

@@ -47,7 +47,7 @@ from enum import Enum
 from typing import Any, Protocol, runtime_checkable
 
 from relax.autoscaler.config import AutoscalerConfig, AutoscalerConfigError, effective_bounds
-from relax.autoscaler.metrics import ClusterFrame, MetricsHistory, json_number, scrape_all
+from relax.autoscaler.metrics import ClusterFrame, MetricsHistory, json_number
 from relax.autoscaler.policy import (
     SCALE_IN_CONDITIONS,
     SCALE_OUT_CONDITIONS,
@@ -58,6 +58,7 @@ from relax.autoscaler.policy import (
     ScaleAction,
     rules_summary,
 )
+from relax.autoscaler.scrape import scrape_all
 from relax.rollout.pool import EngineState
 from relax.rollout.scaling import (
     FAILED_STATUSES,

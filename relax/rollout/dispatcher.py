@@ -19,11 +19,12 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
+from relax.engines.client import EngineError, EngineUnavailable
 from relax.engines.event_stream import EventStream
 from relax.rollout.dispatch import Action, RequestJourney, Step, stream_interval
 from relax.rollout.generator import Generation
 from relax.rollout.pool import EnginePool, EngineRecord, EngineState
-from relax.rollout.router import FailureKind, NoEngineAvailable, RetryPolicy, Router, classify_error
+from relax.rollout.router import FailureKind, NoEngineAvailable, RetryPolicy, Router
 
 log = logging.getLogger("relax.rollout")
 
@@ -96,6 +97,35 @@ class _Attempt:
     engine_id: str
     held: EventStream = field(default_factory=EventStream)
     task: asyncio.Task[Any] | None = None
+
+
+#: HTTP statuses that mean "this engine cannot take it now" (overloaded, restarting, a proxy in front gave up).
+UNAVAILABLE_STATUS = frozenset({408, 429, 502, 503, 504})
+
+
+def classify_error(exc: BaseException) -> FailureKind:
+    """Map an exception from an engine call to a :class:`FailureKind`.
+
+    Reads the typed errors of :mod:`relax.engines.client` and the standard transport errors; here, in the shell,
+    so the router's rules stay free of HTTP. Anything else is ``OTHER``: an error of our own making must
+    surface, not be retried until it happens to disappear.
+    """
+    status = getattr(exc, "status_code", None)
+    if isinstance(exc, EngineUnavailable):
+        return FailureKind.ENGINE_UNAVAILABLE
+    if isinstance(status, int) and not isinstance(status, bool):
+        if status in UNAVAILABLE_STATUS:
+            return FailureKind.ENGINE_UNAVAILABLE
+        if 400 <= status < 500:
+            return FailureKind.CLIENT_ERROR
+        if status >= 500:
+            return FailureKind.SERVER_ERROR
+    if isinstance(exc, EngineError):
+        return FailureKind.SERVER_ERROR  # answered, but with a body that breaks the contract
+    if isinstance(exc, TimeoutError | asyncio.TimeoutError | ConnectionError):
+        return FailureKind.ENGINE_UNAVAILABLE
+    return FailureKind.OTHER
+
 
 
 class Dispatcher:

@@ -19,7 +19,6 @@ on another engine up to ``max_attempts``; a request the engine rejected as malfo
 
 from __future__ import annotations
 
-import asyncio
 from collections import OrderedDict
 from collections.abc import Collection, Hashable, Iterable
 from dataclasses import dataclass
@@ -34,7 +33,6 @@ __all__ = [
     "RetryDecision",
     "RetryPolicy",
     "Router",
-    "classify_error",
     "failure_from_finish_reason",
 ]
 
@@ -193,7 +191,6 @@ _RETRYABLE = frozenset(
 # An abort is something Relax did to a healthy engine (drain, weight-update pause): no reason to avoid it.
 # A drained engine has left the router anyway.
 _EXCLUDE_ENGINE = _RETRYABLE - {FailureKind.ABORTED}
-_UNAVAILABLE_STATUS = frozenset({408, 429, 502, 503, 504})
 
 
 @dataclass(frozen=True)
@@ -249,32 +246,6 @@ class RetryPolicy:
         where = f"an engine other than {engine_id}" if engine_id in frozen else "any engine"
         reason = f"{failure.value}: retry {attempt + 1}/{self.max_attempts} on {where}"
         return RetryDecision(True, failure, frozen, reason)
-
-
-def classify_error(exc: BaseException) -> FailureKind:
-    """Map an exception from an engine call to a :class:`FailureKind`.
-
-    Reads the typed errors of :mod:`relax.engines.client` (imported lazily, so this module stays free of
-    HTTP libraries) and the standard transport errors. Anything else is ``OTHER``: an error of our own
-    making must surface, not be retried until it happens to disappear.
-    """
-    from relax.engines.client import EngineError, EngineUnavailable
-
-    status = getattr(exc, "status_code", None)
-    if isinstance(exc, EngineUnavailable):
-        return FailureKind.ENGINE_UNAVAILABLE
-    if isinstance(status, int) and not isinstance(status, bool):
-        if status in _UNAVAILABLE_STATUS:
-            return FailureKind.ENGINE_UNAVAILABLE
-        if 400 <= status < 500:
-            return FailureKind.CLIENT_ERROR
-        if status >= 500:
-            return FailureKind.SERVER_ERROR
-    if isinstance(exc, EngineError):
-        return FailureKind.SERVER_ERROR  # answered, but with a body that breaks the contract
-    if isinstance(exc, TimeoutError | asyncio.TimeoutError | ConnectionError):
-        return FailureKind.ENGINE_UNAVAILABLE
-    return FailureKind.OTHER
 
 
 def failure_from_finish_reason(finish_reason: Any) -> FailureKind | None:

@@ -8,8 +8,9 @@ import asyncio
 import httpx
 
 from relax.autoscaler.config import AutoscalerConfig
-from relax.autoscaler.metrics import GAUGES, build_cluster_frame, parse_engine_metrics, scrape_all
+from relax.autoscaler.metrics import GAUGES, build_cluster_frame, parse_engine_metrics
 from relax.autoscaler.policy import AutoscalerPolicy, PoolView, ScaleAction
+from relax.autoscaler.scrape import scrape_all
 from relax.engines.keys import EngineKeys
 
 BURST = 24

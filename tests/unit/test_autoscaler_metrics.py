@@ -22,10 +22,9 @@ from relax.autoscaler.metrics import (
     ScrapeError,
     build_cluster_frame,
     histogram_quantile,
-    metrics_url,
     parse_engine_metrics,
-    scrape_all,
 )
+from relax.autoscaler.scrape import metrics_url, scrape_all
 from relax.cluster.network import free_port
 from relax.engines.builtin.metrics import EngineMetrics as BuiltinEngineMetrics
 from relax.engines.builtin.metrics import LoadSnapshot

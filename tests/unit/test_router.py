@@ -10,12 +10,12 @@ import asyncio
 import pytest
 
 from relax.engines.client import EngineError, EngineUnavailable
+from relax.rollout.dispatcher import classify_error
 from relax.rollout.router import (
     FailureKind,
     NoEngineAvailable,
     RetryPolicy,
     Router,
-    classify_error,
     failure_from_finish_reason,
 )
 
