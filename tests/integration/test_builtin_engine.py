@@ -32,6 +32,12 @@ def prompt_text(tokenizer) -> str:
 
 
 @pytest.fixture
+def served_as() -> tuple[str, torch.dtype | None]:
+    """How this engine holds the checkpoint (layout, dtype): what its /weights_checker checksums are of."""
+    return "hf", None
+
+
+@pytest.fixture
 async def client(engine):
     async with httpx.AsyncClient(base_url=engine.url, timeout=60, trust_env=False) as c:
         yield c
@@ -415,3 +421,26 @@ async def test_bad_control_input_and_server_keeps_serving(client, tmp_path, prom
     r = await client.post("/generate", json={"text": prompt_text, "sampling_params": {"max_new_tokens": 2}})
     assert r.status_code == 200
     assert (await client.get("/model_info")).json()["weight_version"] == "0"
+
+
+async def test_weights_checker_answers_every_served_tensor_in_sglangs_shape(client, tiny_preset, served_as) -> None:
+    """``/weights_checker {"action": "checksum"}``: SGLang's answer, and the checksums are the checkpoint's as this
+    engine serves it (what a verified refit compares with the trainer's)."""
+    import hashlib
+
+    from safetensors.torch import load_file
+
+    from relax.training.weight_digest import layout_checksums, version_digest
+
+    r = await client.post("/weights_checker", json={"action": "checksum"})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["success"] is True and len(body["ranks"]) == 1
+    rank = body["ranks"][0]
+    layout, dtype = served_as
+    state = load_file(str(tiny_preset.model_dir / "model.safetensors"))
+    state = {n: t.to(dtype) if dtype is not None and t.is_floating_point() else t for n, t in state.items()}
+    assert rank["checksums"] == layout_checksums(state, layout)
+    assert rank["per_gpu_checksum"] == version_digest(rank["checksums"])
+    assert body["per_engine_checksum"] == hashlib.sha256(rank["per_gpu_checksum"].encode()).hexdigest()
+    assert [(p["role"], p["tp_size"]) for p in rank["parallelism_info"]] == [("target", 1)]

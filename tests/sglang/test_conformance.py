@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
+import torch
 
 from tests.integration.test_builtin_engine import (  # noqa: F401 - the same tests, collected again here
     prompt_text,
@@ -26,6 +27,7 @@ from tests.integration.test_builtin_engine import (  # noqa: F401 - the same tes
     test_generate_from_text_returns_sglang_shape,
     test_greedy_is_deterministic_and_stop_strings_trim,
     test_logprobs_match_teacher_forced_forward,
+    test_weights_checker_answers_every_served_tensor_in_sglangs_shape,
     tokenizer,
 )
 from tests.sglang.conftest import KeyedAuth
@@ -50,3 +52,9 @@ async def client(engine, sglang_keys):
 @pytest.fixture
 def logprob_tol() -> float:
     return LOGPROB_TOL
+
+
+@pytest.fixture
+def served_as() -> tuple[str, torch.dtype | None]:
+    """SGLang on CPU serves the checkpoint in bf16, fused (qkv_proj, gate_up_proj) and vocabulary-padded."""
+    return "sglang", torch.bfloat16

@@ -54,8 +54,9 @@ def weights_checksum_answer(model: torch.nn.Module, body: WeightsCheckerBody) ->
              if not any(skip in n for skip in body.skip_tensor_list or ())}
     checksums = layout_checksums(state, ChecksumLayout.HF)
     overall = version_digest(checksums)
+    # parallelism_info is a list, as SGLang 0.5.23 answers it (one entry per runner role; here the target only)
     rank = {"checksums": checksums, "per_gpu_checksum": overall,
-            "parallelism_info": {"role": "target", "tp_rank": 0, "tp_size": 1, "dp_rank": 0, "dp_size": 1,
-                                 "pp_rank": 0, "pp_size": 1, "rank": 0, "size": 1}}
+            "parallelism_info": [{"role": "target", "tp_rank": 0, "tp_size": 1, "dp_rank": 0, "dp_size": 1,
+                                  "pp_rank": 0, "pp_size": 1, "rank": 0, "size": 1}]}
     return {"success": True, "message": f"checksum computed for {len(checksums)} tensors", "ranks": [rank],
             "per_engine_checksum": hashlib.sha256(overall.encode()).hexdigest()}
