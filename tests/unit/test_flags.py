@@ -341,3 +341,13 @@ def test_sglang_python_flag_wins_over_the_environment() -> None:
     assert plain.sglang_interpreter({"RELAX_SGLANG_PYTHON": "/opt/b/bin/python"}) == "/opt/b/bin/python"
     assert plain.sglang_interpreter({"RELAX_SGLANG_PYTHON": " "}) is None
     assert plain.sglang_interpreter({}) is None
+
+
+def test_verify_weights_defaults_to_first_and_names_bad_values() -> None:
+    from relax.config.verify_weights import VerifyPolicy
+
+    assert parse_args([]).verify_weights is VerifyPolicy.FIRST
+    assert parse_args(["--verify-weights", "every"]).verify_weights is VerifyPolicy.EVERY
+    assert parse_args(["--verify-weights", "off"]).verify_weights is VerifyPolicy.OFF
+    message = _error(["--verify-weights", "always"])
+    assert "--verify-weights" in message and "every, first, off" in message
