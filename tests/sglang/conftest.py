@@ -77,9 +77,13 @@ def start_sglang(model_dir: Path, log_dir: Path, *, name: str, keys: EngineKeys 
     return server, prepared
 
 
+#: The run secret the shared server's keys come from (it is ``engine_0`` of a run with this secret).
+SHARED_ENGINE_SECRET = "tests-sglang-run-secret"
+
+
 @pytest.fixture(scope="session")
 def sglang_keys() -> EngineKeys:
-    return engine_keys("tests-sglang-run-secret", "engine_0")
+    return engine_keys(SHARED_ENGINE_SECRET, "engine_0")
 
 
 @pytest.fixture(scope="session")

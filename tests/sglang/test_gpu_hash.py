@@ -38,7 +38,7 @@ def test_sglang_gpu_hash_is_sglangs_own_kernel(sglang_python: str, tmp_path: Pat
         "small": torch.randn(33, 17, generator=g).to(torch.bfloat16),
         "one_tile": torch.randn(8192, generator=g),  # 8192 fp32 words: exactly one tile
         "tiles_and_a_half": torch.randn(3 * 8192 + 4100, generator=g).to(torch.bfloat16),
-        "fp32_matrix": torch.randn(96, 700, generator=g),
+        "fp32_matrix": torch.randn(48, 700, generator=g),  # 4.1 tiles
     }
     layer = {"model.layers.0.self_attn.q_proj.weight": torch.randn(64, 32, generator=g),
              "model.layers.0.self_attn.k_proj.weight": torch.randn(16, 32, generator=g),

@@ -1,16 +1,17 @@
 """Verified refits against the real SGLang 0.5.23: its own ``/weights_checker`` is what Relax compares.
 
-A real server joins a fleet, receives version 1 by broadcast (bf16, in SGLang's fused layout) and is verified
-against the trainer's checksums computed without a copy (``relax.training.weight_digest``). Then its weights are
-changed behind Relax's back (``/update_weights_from_disk`` of the base checkpoint, keeping the version label it
-reports): the next check catches it, reloads version 1 while the engine is paused, and verifies it again.
+The session's shared real server (``sglang_engine``) joins a fleet, receives version 1 by broadcast (bf16, in
+SGLang's fused layout) and is verified against the trainer's checksums computed without a copy
+(``relax.training.weight_digest``). Then its weights are changed behind Relax's back (``/update_weights_from_disk``
+of the base checkpoint, keeping the version label it reports): the next check catches it, reloads version 1
+while the engine is paused, and verifies it again. At the end the server gets the base checkpoint back as
+version 0, as the other tests of the session expect it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from pathlib import Path
 
 import httpx
 import pytest
@@ -18,7 +19,7 @@ import torch
 from safetensors.torch import load_file
 
 from relax.config.verify_weights import VerifyPolicy
-from relax.engines.keys import engine_keys
+from relax.engines.keys import EngineKeys
 from relax.rollout.broadcast import BroadcastSettings, ThreadWeightSource
 from relax.rollout.events import EventLog
 from relax.rollout.fleet import EngineFleet, FleetSettings
@@ -28,10 +29,9 @@ from relax.rollout.router import Router
 from relax.training.publication import WeightRegistry
 from relax.training.sender import WeightSender
 from relax.training.weight_digest import sglang_checksums, version_digest
-from tests.sglang.conftest import start_sglang
+from tests.sglang.conftest import SHARED_ENGINE_SECRET
 from tests.sglang.test_partial_refit import RealEngineLauncher
 
-SECRET = "verified-refit-secret"
 PROMPT = [1, 2, 3, 4, 5]
 
 pytestmark = pytest.mark.timeout(900)
@@ -44,9 +44,8 @@ async def greedy(client) -> list[int]:
 
 
 async def test_the_real_engine_is_verified_and_weights_changed_behind_relax_are_caught_and_reloaded(
-        tiny_preset, tmp_path: Path) -> None:
-    keys = engine_keys(SECRET, "engine_0")
-    server, prepared = start_sglang(tiny_preset.model_dir, tmp_path, name="engine_0", keys=keys)
+        tiny_preset, sglang_engine, sglang_keys: EngineKeys) -> None:
+    server, keys = sglang_engine, sglang_keys
     base = load_file(str(tiny_preset.model_dir / "model.safetensors"))
     gen = torch.Generator().manual_seed(3)
     new = {name: t + 0.05 * torch.randn(t.shape, generator=gen) for name, t in base.items()}
@@ -55,7 +54,7 @@ async def test_the_real_engine_is_verified_and_weights_changed_behind_relax_are_
     pool = EnginePool(time.time)
     events = EventLog()
     fleet = EngineFleet(pool, Router(), events, WeightRegistry(), RealEngineLauncher(server.url),
-                        FleetSettings(engine_api_key=SECRET, verify_weights=VerifyPolicy.FIRST,
+                        FleetSettings(engine_api_key=SHARED_ENGINE_SECRET, verify_weights=VerifyPolicy.FIRST,
                                       broadcast=BroadcastSettings(backend="gloo", timeout_s=60.0)))
     try:
         await fleet.start_initial([("group", 0)])
@@ -85,7 +84,10 @@ async def test_the_real_engine_is_verified_and_weights_changed_behind_relax_are_
         assert await greedy(client) == reference and pool.get("engine_0").state is EngineState.ACTIVE
         assert fleet.weight_sync.verifications == {"verified": 2, "mismatch": 1, "uncheckable": 0}
     finally:
-        await fleet.shutdown()
+        await fleet.shutdown()  # leaves its weight group on the server
         sender.shutdown()
-        server.stop()
-        prepared.release()  # type: ignore[attr-defined]
+        async with httpx.AsyncClient(base_url=server.url, timeout=300, trust_env=False) as http:
+            restored = await http.post("/update_weights_from_disk", json={
+                "model_path": str(tiny_preset.model_dir), "weight_version": "0"},
+                headers={"Authorization": f"Bearer {keys.admin}"})
+        assert restored.status_code == 200, restored.text  # the shared server as the session found it
