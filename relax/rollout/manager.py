@@ -263,11 +263,10 @@ class RolloutManager:
             if self._weight_source is None or self._weight_source[0] != sender:
                 self._weight_source = (sender, RayWeightSource(sender))
             source = self._weight_source[1]
-        if version in self.weights.versions():  # a retried publication: a no-op, or a WeightConflict for the caller
-            self.fleet.weight_sync.publish(version, list(bucket_refs), manifest, source=source)
-            return
+        again = version in self.weights.versions()  # a retried publication: a no-op, or a WeightConflict
         self.fleet.weight_sync.publish(version, list(bucket_refs), manifest, source=source)
-        self.event_log.append(EventKind.WEIGHTS_PUBLISHED, message=f"v{version}")
+        if not again:
+            self.event_log.append(EventKind.WEIGHTS_PUBLISHED, message=f"v{version}")
 
     async def verify_engine(self, engine_id: str) -> dict[str, Any]:
         """Check an ACTIVE engine's served weights against its version's publication now (``--verify-weights``

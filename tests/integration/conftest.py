@@ -64,3 +64,20 @@ def start_engine(tmp_path_factory: pytest.TempPathFactory):
 def logprob_tol() -> float:
     """How close served log-probs must be to a teacher-forced fp32 forward: the built-in engine serves fp32."""
     return 1e-4
+
+
+@pytest.fixture(scope="session")
+def perturbed(tiny_preset, tmp_path_factory):
+    """(directory, HF state dict) of the preset with different weights: what a training step would publish."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_preset.model_dir), dtype=torch.float32)
+    gen = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * 0.3)
+    out = tmp_path_factory.mktemp("broadcast-v1")
+    model.save_pretrained(out)
+    return out, load_file(str(out / "model.safetensors"))

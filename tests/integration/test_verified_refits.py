@@ -10,13 +10,13 @@ real SGLang.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
-import torch
-from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM
 
 from relax.config.verify_weights import VerifyPolicy
 from relax.engines.client import EngineClient
@@ -34,19 +34,6 @@ from tests.integration.test_fleet import ProcessLauncher, wait_for
 pytestmark = pytest.mark.timeout(300)
 
 PROMPT = [1, 2, 3, 4, 5]
-
-
-@pytest.fixture(scope="module")
-def trained(tiny_preset, tmp_path_factory):
-    """(directory, HF state dict) of the preset after a 'training step': version 1's weights."""
-    model = AutoModelForCausalLM.from_pretrained(str(tiny_preset.model_dir), dtype=torch.float32)
-    gen = torch.Generator().manual_seed(11)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=gen) * 0.3)
-    out = tmp_path_factory.mktemp("verified-v1")
-    model.save_pretrained(out)
-    return out, load_file(str(out / "model.safetensors"))
 
 
 class WatchedClient(EngineClient):
@@ -93,34 +80,42 @@ async def greedy(client: EngineClient) -> tuple[list[int], list[float]]:
     return [p[1] for p in pairs], [p[0] for p in pairs]
 
 
-def make_fleet(start_engine, model_dir: str, weights: WeightRegistry, policy: VerifyPolicy,
-               clients: dict[str, WatchedClient]) -> tuple[EngineFleet, EventLog, ProcessLauncher]:
+@dataclass
+class Running:
+    """Two real built-in engines ACTIVE in a fleet, and the trainer's side of the broadcast."""
+
+    fleet: EngineFleet
+    events: EventLog
+    sender: WeightSender
+    source: ThreadWeightSource
+
+
+@contextlib.asynccontextmanager
+async def two_engines(start_engine, model_dir: str, policy: VerifyPolicy) -> AsyncIterator[Running]:
+    """A fleet of two engines with ``policy``; afterwards every server it started is stopped."""
+    weights = WeightRegistry()
     events = EventLog()
     pool = EnginePool(time.time, on_transition=transition_recorder(events, lambda: weights.latest_version))
     launcher = ProcessLauncher(start_engine, model_dir)
-
-    def client(url: str, timeout: float, keys: Any) -> WatchedClient:
-        made = WatchedClient(url, timeout=timeout, token=keys)
-        clients[url] = made
-        return made
-
     fleet = EngineFleet(pool, Router(), events, weights, launcher,
                         FleetSettings(model_path=model_dir, request_timeout_s=60, health_timeout_s=60,
                                       drain_timeout_s=30, shutdown_timeout_s=5, verify_weights=policy),
-                        client_factory=client)
-    return fleet, events, launcher
+                        client_factory=lambda url, timeout, keys: WatchedClient(url, timeout=timeout, token=keys))
+    sender = WeightSender("127.0.0.1", keep=2)
+    try:
+        await fleet.start_initial([("pg", 0), ("pg", 1)])
+        yield Running(fleet, events, sender, ThreadWeightSource(sender))
+    finally:
+        await fleet.shutdown()
+        sender.shutdown()
+    assert launcher.procs == {}
 
 
 async def test_weights_changed_behind_relax_are_caught_repaired_and_never_generate_after_the_check(
-        start_engine, tiny_preset, trained, logprob_tol) -> None:
-    model_dir, state = trained
-    sender = WeightSender("127.0.0.1", keep=2)
-    weights = WeightRegistry()
-    clients: dict[str, WatchedClient] = {}
-    fleet, events, launcher = make_fleet(start_engine, str(tiny_preset.model_dir), weights, VerifyPolicy.FIRST, clients)
-    source = ThreadWeightSource(sender)
-    try:
-        await fleet.start_initial([("pg", 0), ("pg", 1)])
+        start_engine, tiny_preset, perturbed, logprob_tol) -> None:
+    _, state = perturbed
+    async with two_engines(start_engine, str(tiny_preset.model_dir), VerifyPolicy.FIRST) as run:
+        fleet, events, sender, source = run.fleet, run.events, run.sender, run.source
         expected = version_digest(layout_checksums(state, "hf"))
         fleet.weight_sync.publish(1, [], sender.hold(1, state), source=source)
         await fleet.weight_sync.settle()
@@ -164,22 +159,13 @@ async def test_weights_changed_behind_relax_are_caught_repaired_and_never_genera
         assert max(abs(a - b) for a, b in zip(logprobs, reference[1], strict=True)) < logprob_tol
         assert fleet.weight_sync.verifications == {"verified": 3, "mismatch": 1, "uncheckable": 0}
         assert fleet.pool.get("engine_1").state is EngineState.ACTIVE
-    finally:
-        await fleet.shutdown()
-        sender.shutdown()
-    assert launcher.procs == {}
 
 
 async def test_an_engine_whose_loads_leave_other_weights_is_failed_and_replaced_by_one_that_verifies(
-        start_engine, tiny_preset, trained) -> None:
-    _, state = trained
-    sender = WeightSender("127.0.0.1", keep=2)
-    weights = WeightRegistry()
-    clients: dict[str, WatchedClient] = {}
-    fleet, events, launcher = make_fleet(start_engine, str(tiny_preset.model_dir), weights, VerifyPolicy.EVERY, clients)
-    source = ThreadWeightSource(sender)
-    try:
-        await fleet.start_initial([("pg", 0), ("pg", 1)])
+        start_engine, tiny_preset, perturbed) -> None:
+    _, state = perturbed
+    async with two_engines(start_engine, str(tiny_preset.model_dir), VerifyPolicy.EVERY) as run:
+        fleet, events, sender, source = run.fleet, run.events, run.sender, run.source
         fleet.client("engine_1").corrupt_with = str(tiny_preset.model_dir)  # every load of engine_1 is undone
         fleet.weight_sync.publish(1, [], sender.hold(1, state), source=source)
         await wait_for(lambda: fleet.pool.get("engine_1").state is EngineState.FAILED, 120, "engine_1 failed")
@@ -190,7 +176,3 @@ async def test_an_engine_whose_loads_leave_other_weights_is_failed_and_replaced_
         assert (replacement.weight_version, replacement.weights_verified) == (1, True)
         assert fleet.pool.get("engine_0").weights_verified and fleet.pool.get("engine_1").weight_version == 0
         assert sorted(fleet.router.routable()) == ["engine_0", "engine_2"]
-    finally:
-        await fleet.shutdown()
-        sender.shutdown()
-    assert launcher.procs == {}

@@ -14,8 +14,7 @@ import time
 import httpx
 import pytest
 import torch
-from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
 from relax.cluster.weight_group import host_rendezvous
 from relax.engines.client import EngineClient, EngineError
@@ -31,19 +30,6 @@ from relax.training.sender import WeightSender
 from tests.integration.test_builtin_engine import teacher_forced_logprobs
 
 SETTINGS = BroadcastSettings(backend="gloo", timeout_s=30.0)
-
-
-@pytest.fixture(scope="module")
-def perturbed(tiny_preset, tmp_path_factory):
-    """(directory, HF state dict) of the preset with different weights: what a training step would publish."""
-    model = AutoModelForCausalLM.from_pretrained(str(tiny_preset.model_dir), dtype=torch.float32)
-    gen = torch.Generator().manual_seed(7)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=gen) * 0.3)
-    out = tmp_path_factory.mktemp("broadcast-v1")
-    model.save_pretrained(out)
-    return out, load_file(str(out / "model.safetensors"))
 
 
 @pytest.fixture(scope="module")
