@@ -192,6 +192,7 @@ class Driver:
         self._token: tuple[str, Path] | None = None  # the control plane's token and its lookup file
         self.tracking: tracking.Tracking = tracking.NO_TRACKING  # W&B with --use-wandb (relax.training.tracking)
         self._step_times: list[float] = []  # for the console line's ETA (relax.training.console)
+        self._migration: dict[str, Any] = {}  # the manager's migration counters at the previous step's row
 
     # ------------------------------------------------------------------ setup
     def _install_signals(self) -> None:
@@ -469,6 +470,7 @@ class Driver:
 
         from relax.data.buffer import staleness_stats
         from relax.data.sample import Sample
+        from relax.training.report import migration_row
 
         wait_began = time.monotonic()
         part = self._get_partition(step)
@@ -505,7 +507,9 @@ class Driver:
             "engines/active": status["active_engines"],
             "engines/weight_version": status["engine_weight_version"],
             "rollout/staleness_blocked_fraction": status["staleness_blocked_fraction"],
+            **migration_row(self._migration, status["migration"]),
         }
+        self._migration = status["migration"]
         metrics.log(step + 1, row)
         self.tracking.log(metrics.rows[-1])
         self.manager.report_training.remote({

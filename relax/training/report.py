@@ -166,6 +166,22 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else float("nan")
 
 
+#: The rollout manager's run-long migration counters (``status()["migration"]``) -> their per-step train-row keys.
+MIGRATION_KEYS = {
+    "migrated_requests": "rollout/migrated_requests",
+    "tokens_kept": "rollout/migration_tokens_kept",
+    "tokens_regenerated": "rollout/migration_tokens_regenerated",
+}
+
+
+def migration_row(before: dict[str, Any], now: dict[str, Any]) -> dict[str, int]:
+    """What the step added to the manager's migration counters (requests continued on another engine after theirs
+    failed or left, and their tokens kept or generated again). Per step rather than run-long, because a resumed
+    run's manager counts from 0 again while the metrics log goes on: the summary's sums stay right across
+    segments."""
+    return {key: int(now.get(name, 0)) - int(before.get(name, 0)) for name, key in MIGRATION_KEYS.items()}
+
+
 def summarize(rows: list[dict[str, Any]], wall_seconds: float) -> dict[str, Any]:
     """The end-of-run summary over ``rows``, the train rows of the whole run (every segment, one row a step).
 
@@ -189,6 +205,7 @@ def summarize(rows: list[dict[str, Any]], wall_seconds: float) -> dict[str, Any]
         "trainer_idle_fraction": _mean([r["time/trainer_wait_fraction"] for r in rows
                                         if "time/trainer_wait_fraction" in r]),
         "wall_seconds": wall_seconds,
+        **{key.removeprefix("rollout/"): sum(int(r.get(key, 0)) for r in rows) for key in MIGRATION_KEYS.values()},
     }
 
 

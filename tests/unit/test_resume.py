@@ -24,7 +24,7 @@ from relax.training.checkpoint import (
     write_checkpoint,
     write_latest,
 )
-from relax.training.report import RUN_SECONDS, MetricsLog, keep_rows, resume_records, summarize
+from relax.training.report import RUN_SECONDS, MetricsLog, keep_rows, migration_row, resume_records, summarize
 from relax.training.weights import WEIGHTS_FILE
 
 
@@ -140,6 +140,22 @@ def test_a_resumed_run_logs_each_step_once_and_summarizes_the_whole_run(tmp_path
     assert summary["training_steps"] == 6
     assert summary["reward_first"] == 0.1 and summary["reward_last"] == 0.6
     assert summary["samples_per_second"] == pytest.approx(6 * 8 / 70.0)
+
+
+def test_migrations_are_counted_per_step_so_the_summary_sums_them_across_a_resumed_run() -> None:
+    """The manager's counters are run-long and start at 0 in a resumed segment; the rows take each step's
+    increase, so the summary's totals are the whole run's."""
+    first = [{}, {"migrated_requests": 2, "tokens_kept": 150, "tokens_regenerated": 0},
+             {"migrated_requests": 3, "tokens_kept": 190, "tokens_regenerated": 7}]
+    second = [{}, {"migrated_requests": 1, "tokens_kept": 40, "tokens_regenerated": 0}]  # a new manager
+    rows = [migration_row(a, b) for a, b in zip(first, first[1:], strict=False)]
+    rows += [migration_row(a, b) for a, b in zip(second, second[1:], strict=False)]
+    assert rows[1] == {"rollout/migrated_requests": 1, "rollout/migration_tokens_kept": 40,
+                       "rollout/migration_tokens_regenerated": 7}
+    summary = summarize([{**train_row(0.0), **r} for r in rows], 30.0)
+    assert (summary["migrated_requests"], summary["migration_tokens_kept"],
+            summary["migration_tokens_regenerated"]) == (4, 230, 7)
+    assert summarize([train_row(0.0)], 10.0)["migrated_requests"] == 0  # rows written before the counters
 
 
 def test_per_sample_records_of_steps_done_again_are_dropped_on_resume(tmp_path: Path) -> None:
