@@ -15,13 +15,13 @@ context cannot take the others down; the report says what each measured, or its 
 3. ``weight_transfer``: a "trainer" process (rank 0) sends its bf16 weights to an "engine" process (rank 1) in
    buckets laid out as SGLang's ``flattened_bucket`` load format (every tensor's bytes concatenated in name
    order, in one uint8 buffer per bucket) over NCCL, on the weight-update group built as SGLang builds it
-   (``relax.cluster.weight_group``); timed beside a
+   (``relax.weights.group``); timed beside a
    device-to-device copy of the same bytes, and verified by checksums. NCCL refuses two ranks on one GPU (it
    needs one GPU per rank): that outcome is reported as ``unsupported`` with NCCL's error, and the same buckets
    also go over CUDA IPC (``torch.multiprocessing``), which is how an engine colocated on the trainer's GPU
    receives weights (SGLang's ``update_weights_from_tensor``).
 4. ``weight_digest``: what a verified refit costs rank 0 (``--verify-weights``): the model's bf16 weights hashed in
-   SGLang's layout with SGLang's GPU hash (``relax.training.weight_digest.sglang_gpu_hash``, in torch, on the
+   SGLang's layout with SGLang's GPU hash (``relax.weights.digest.sglang_gpu_hash``, in torch, on the
    device) and with SHA-256 (on the host), in GB/s, and the seconds that makes for Qwen3-4B's 8.05 GB.
 
     python benchmarks/gpu_check.py [--quick] [--out FILE] [--peak-tflops X] [--checks train,engine,transfer,digest]
@@ -748,7 +748,7 @@ def broadcast_worker(rank: int, cfg: dict[str, Any], channels: tuple) -> dict[st
     """
     import torch.distributed as dist
 
-    from relax.cluster.weight_group import init_weight_group
+    from relax.weights.group import init_weight_group
 
     device = _device(cfg["device"])
     if device.type == "cuda":
@@ -942,7 +942,7 @@ def check_digest(plan: Plan, env: dict[str, Any]) -> dict[str, Any]:
     """Check 4: rank 0's checksums of one version, in the layout and hash an SGLang engine on this device answers."""
     from transformers import AutoModelForCausalLM
 
-    from relax.training.weight_digest import ChecksumAlgorithm, layout_checksums
+    from relax.weights.digest import ChecksumAlgorithm, layout_checksums
 
     device = torch.device(env["device"])
     with torch.device(device):

@@ -22,7 +22,7 @@ its own), then the transport floor is measured with no engine running. Prints an
   ``--verify-weights every`` does it (``verified_refit``): checked before the engine continues, SGLang's
   ``/weights_checker`` against the trainer's checksums (``WeightSender.checksums``), both hashing at once;
   its ``verify_s`` is inside its ``paused_s``. After it, ``verified``: the same answer compared with
-  ``relax.training.weight_digest.sglang_checksums`` (fused copies, the independent reference), tensor by tensor.
+  ``relax.weights.digest.sglang_checksums`` (fused copies, the independent reference), tensor by tensor.
 - ``floor``: ``benchmarks/weight_sync.py``'s ``raw_broadcast_seconds`` — a bare gloo broadcast of the same bytes
   in the same buckets to one other process over loopback (no HTTP, no pause, no load into a model), the
   transport's floor here; ``refit_over_floor`` = ``refit_s`` / ``floor_s``.
@@ -57,7 +57,6 @@ from report import bench_model, machine, save_report
 from weight_sync import raw_broadcast_seconds  # also puts the repository root on sys.path
 
 from relax.cluster.network import free_port
-from relax.config.pause_mode import PauseMode
 from relax.engines.backends import SGLangBackend
 from relax.engines.client import EngineClient
 from relax.engines.launcher import BuiltinOptions, ServerProcess, builtin_spec
@@ -66,7 +65,8 @@ from relax.engines.sglang import SGLangOptions
 from relax.rollout.broadcast import BroadcastSettings, ThreadWeightSource, close_group, open_group, send_version
 from relax.rollout.weight_sync import check_served_weights
 from relax.training.sender import WeightSender
-from relax.training.weight_digest import checksum_mismatches, sglang_checksums
+from relax.weights.digest import checksum_mismatches, sglang_checksums
+from relax.weights.pause_mode import PauseMode
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PROMPT = "What is 4 + 5?"

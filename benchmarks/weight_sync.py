@@ -113,7 +113,7 @@ DTYPE: Any = None  # --dtype bfloat16: what SGLang engines are sent (None: the t
 
 
 def _floor_receiver(name: str, port: int, sizes: list[int], passes: int) -> None:
-    from relax.cluster.weight_group import init_weight_group
+    from relax.weights.group import init_weight_group
 
     torch.set_num_threads(1)
     group = init_weight_group(name, "127.0.0.1", port, 1, 2, "gloo", 60.0)
@@ -128,13 +128,13 @@ def raw_broadcast_seconds(nbytes: int, bucket_bytes: int = 512 * 2**20, repeats:
     """Median time of a bare gloo broadcast of ``nbytes`` to ``receivers`` other processes at once over loopback,
     one group each (the weight path's topology): the transport floor.
 
-    The same group as a weight update (``relax.cluster.weight_group``), the same bucket size, nothing else: no
+    The same group as a weight update (``relax.weights.group``), the same bucket size, nothing else: no
     HTTP, no pause, no copy into a model.
     """
     import multiprocessing
     from concurrent.futures import ThreadPoolExecutor
 
-    from relax.cluster.weight_group import host_rendezvous, init_weight_group
+    from relax.weights.group import host_rendezvous, init_weight_group
 
     sizes = [min(bucket_bytes, nbytes - at) for at in range(0, nbytes, bucket_bytes)]
     hosted = [host_rendezvous("127.0.0.1", 2, 60.0) for _ in range(receivers)]

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 __all__ = ["LEASE", "OWNER", "PREFIX", "RUN_ID_ENV", "SCRATCH_DIR_ENV", "claim", "held", "new_run_id", "release",
-           "run_dir", "run_id", "scratch_base", "sweep"]
+           "run_dir", "run_id", "scratch_base", "sweep", "weights_root"]
 
 log = logging.getLogger("relax.cluster")
 
@@ -86,6 +86,13 @@ def run_dir(base: Path | None = None, run: str | None = None) -> Path:
     if first:
         log.info("run scratch %s (leased by pid %d)", root, os.getpid())
     return root
+
+
+def weights_root(engine_id: str) -> Path:
+    """``<run scratch>/weights/<engine_id>``: where an engine's weight copies go (``relax.weights.buckets``
+    writes them), this run's own leased directory in shared memory, so two runs on one node never touch each
+    other's copies and a crashed run's copies are swept by the next one."""
+    return run_dir() / "weights" / engine_id
 
 
 def _lease(root: Path) -> int:

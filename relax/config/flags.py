@@ -22,9 +22,9 @@ from urllib.parse import urlsplit
 
 from relax import argtypes
 from relax.config.megatron import COMPAT_FLAGS, Arity, ignored_options, ignored_warning, mapped_settings
-from relax.config.pause_mode import PauseMode
 from relax.config.verify_weights import VerifyPolicy
 from relax.logs import LOG_LEVELS
+from relax.weights.pause_mode import PauseMode
 
 PROG = "python -m relax.entrypoints.train"
 SGLANG_PASSTHROUGH_PREFIX = "--sglang-"

@@ -44,7 +44,6 @@ import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from relax.cluster.network import LOCALHOST, free_port, node_ip
-from relax.config.pause_mode import PauseMode
 from relax.engines.backends import Prepared, cuda_available, engine_backend
 from relax.engines.client import EngineClient, PauseWindow
 from relax.engines.launcher import (
@@ -56,6 +55,7 @@ from relax.engines.launcher import (
 from relax.engines.sglang import SGLangOptions
 from relax.engines.weight_load import CONTROL_TIMEOUT_S, load_from_disk
 from relax.logs import setup_logging
+from relax.weights.pause_mode import PauseMode
 
 logger = logging.getLogger(__name__)
 
@@ -307,7 +307,8 @@ class EngineActor:
         path uses): one path for SGLang and the built-in engine. Time limits grow with the bytes moved.
         Returns timings for the publication metrics.
         """
-        from relax.training.weights import cleanup_old, default_weights_root, materialize
+        from relax.cluster.scratch import weights_root
+        from relax.weights.buckets import cleanup_old, materialize
 
         mode = PauseMode(pause_mode)
         if self._server is None or not self._server.alive:
@@ -316,7 +317,7 @@ class EngineActor:
         buckets = ray.get(list(bucket_refs))
         pulled = time.monotonic()
         nbytes = sum(t.numel() * t.element_size() for bucket in buckets for t in bucket.values())
-        root = default_weights_root(self.engine_id)
+        root = weights_root(self.engine_id)
         out_dir = materialize(buckets, self.model_path, root / f"v{version}")
         written = time.monotonic()
         # asyncio.run on this pool thread: the actor stays a threaded one (an async method would make Ray run
@@ -334,10 +335,11 @@ class EngineActor:
 
     def _prepare_start_from(self, version: int, bucket_refs: list[Any]) -> None:
         """Write version ``version`` as a complete checkpoint (weights + the run's config and tokenizer files)."""
-        from relax.training.weights import default_weights_root, materialize
+        from relax.cluster.scratch import weights_root
+        from relax.weights.buckets import materialize
 
         began = time.monotonic()
-        out_dir = materialize(ray.get(list(bucket_refs)), self.model_path, default_weights_root(self.engine_id)
+        out_dir = materialize(ray.get(list(bucket_refs)), self.model_path, weights_root(self.engine_id)
                               / f"v{version}")
         copy_checkpoint_extras(self.model_path, out_dir)
         self._serve_path = str(out_dir)

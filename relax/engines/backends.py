@@ -48,7 +48,7 @@ class EngineBackend(Protocol):
     #: dtype name the trainer publishes weights in for these engines (None: the trainer's own).
     publication_dtype: ClassVar[str | None]
     #: How the server lays out the model it serves: what its ``/weights_checker`` checksums are of
-    #: (``relax.training.weight_digest.ChecksumLayout``).
+    #: (``relax.weights.digest.ChecksumLayout``).
     checksum_layout: ClassVar[str]
     #: Whether the server needs a port of its own for its weight-update group rendezvous.
     needs_nccl_port: ClassVar[bool]

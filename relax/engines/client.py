@@ -24,9 +24,9 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from relax.config.pause_mode import PauseMode
 from relax.engines.event_stream import EventStream, StreamError
 from relax.engines.keys import is_admin_route
+from relax.weights.pause_mode import PauseMode
 
 # Status codes that mean "this engine cannot serve right now", not "your request is wrong".
 _UNAVAILABLE_STATUS = frozenset({502, 503, 504})
@@ -619,7 +619,7 @@ class EngineClient:
 
     async def weights_checksums(self, *, timeout: float | None = _UNSET) -> dict[str, str]:
         """``POST /weights_checker {"action": "checksum"}``: the checksum of every tensor the engine serves
-        (``relax.training.weight_digest`` says what they are of). An admin route.
+        (``relax.weights.digest`` says what they are of). An admin route.
 
         Raises :class:`WeightsUncheckable` when the engine cannot answer the question (no such route, no checksum
         action, more than one tensor-parallel rank), and ``EngineError`` when it did not answer at all.

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from relax.config.pause_mode import PauseMode
 from relax.engines.client import EngineClient, PauseWindow
+from relax.weights.pause_mode import PauseMode
 
 __all__ = ["CONTROL_TIMEOUT_S", "LOAD_BASE_S", "LOAD_MIN_BYTES_PER_S", "load_from_disk", "load_timeout_s"]
 

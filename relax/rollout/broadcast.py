@@ -30,11 +30,11 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from relax.config.pause_mode import PauseMode
 from relax.rollout.refit import load_verified
 from relax.rollout.weight_transport import Check, VersionSuperseded
-from relax.training.flat_bucket import BucketSpec, specs_from_manifest
-from relax.training.publication import WEIGHTS_CONCURRENCY_GROUP, WeightManifest
+from relax.weights.flat_bucket import BucketSpec, specs_from_manifest
+from relax.weights.pause_mode import PauseMode
+from relax.weights.publication import WEIGHTS_CONCURRENCY_GROUP, WeightManifest
 
 if TYPE_CHECKING:  # the sender holds tensors (torch); the manager, which imports this module, never needs it
     from relax.training.sender import WeightSender

@@ -12,11 +12,11 @@ import asyncio
 import time
 from typing import Any
 
-from relax.config.pause_mode import PauseMode
 from relax.engines.weight_load import load_from_disk
 from relax.rollout.launcher import EngineLauncher
 from relax.rollout.refit import load_verified
 from relax.rollout.weight_transport import Check
+from relax.weights.pause_mode import PauseMode
 
 __all__ = ["ExternalDiskTransport", "ObjectStoreTransport"]
 
@@ -50,11 +50,12 @@ class ExternalDiskTransport:
 
     async def send(self, engine_id: str, client: Any, latest: Any, check: Check | None = None, *,
                    verify_only: bool = False) -> dict[str, Any]:
-        from relax.training.weights import cleanup_old, default_weights_root, materialize
+        from relax.cluster.scratch import weights_root
+        from relax.weights.buckets import cleanup_old, materialize
 
         began = time.monotonic()
         buckets = [await ref for ref in latest.bucket_refs]
-        root = default_weights_root(f"external-{engine_id}")
+        root = weights_root(f"external-{engine_id}")
         path = await asyncio.to_thread(materialize, buckets, self.model_path, root / f"v{latest.version}")
         written = time.monotonic()
 

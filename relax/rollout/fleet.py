@@ -33,7 +33,6 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from relax.config.pause_mode import PauseMode
 from relax.config.verify_weights import VerifyPolicy
 from relax.engines.client import EngineClient, EngineError
 from relax.engines.keys import EngineKeys, engine_keys
@@ -49,7 +48,8 @@ from relax.rollout.router import Router
 from relax.rollout.router_mirror import SGLangRouterMirror
 from relax.rollout.weight_sync import WeightSync, standard_transports
 from relax.rollout.weight_transport import TransportKind, WeightTransport
-from relax.training.publication import WeightRegistry
+from relax.weights.pause_mode import PauseMode
+from relax.weights.publication import WeightRegistry
 
 log = logging.getLogger("relax.rollout")
 

@@ -16,8 +16,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from relax.config.pause_mode import PauseMode
 from relax.engines.backends import cuda_available
+from relax.weights.pause_mode import PauseMode
 
 log = logging.getLogger("relax.rollout")
 

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 from relax.cluster.drain import draining_nodes
-from relax.config.pause_mode import PauseMode
 from relax.config.verify_weights import VerifyPolicy
 from relax.data.buffer import SampleBuffer
 from relax.data.dataset import PromptCursor, PromptStream, load_prompt_data
@@ -47,7 +46,8 @@ from relax.rollout.pool import EnginePool, EngineRecord, EngineState
 from relax.rollout.router import RetryPolicy, Router
 from relax.rollout.scaling import ScaleInSpec, ScaleOutSpec
 from relax.training.evaluation import evaluate_datasets
-from relax.training.publication import WeightManifest, WeightRegistry
+from relax.weights.pause_mode import PauseMode
+from relax.weights.publication import WeightManifest, WeightRegistry
 
 log = logging.getLogger("relax.rollout")
 

@@ -29,7 +29,6 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from relax.config.pause_mode import PauseMode
 from relax.engines.client import WeightsUncheckable
 from relax.rollout.broadcast import BroadcastSettings, BroadcastTransport
 from relax.rollout.disk_transports import ExternalDiskTransport, ObjectStoreTransport
@@ -45,8 +44,9 @@ from relax.rollout.refit import (
     should_verify,
 )
 from relax.rollout.weight_transport import Check, TransportKind, VersionSuperseded, WeightTransport, choose_transport
-from relax.training.publication import PublishedWeights, WeightConflict, WeightManifest, WeightRegistry
-from relax.training.weight_digest import ChecksumAlgorithm, checksum_algorithm, checksum_mismatches, version_digest
+from relax.weights.digest import ChecksumAlgorithm, checksum_algorithm, checksum_mismatches, version_digest
+from relax.weights.pause_mode import PauseMode
+from relax.weights.publication import PublishedWeights, WeightConflict, WeightManifest, WeightRegistry
 
 __all__ = ["WeightSync", "check_served_weights", "engines_behind", "standard_transports"]
 

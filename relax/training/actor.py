@@ -50,7 +50,6 @@ from relax.training.batching import (
     num_micro_batches,
     split_evenly,
 )
-from relax.training.flat_bucket import dtype_from_name
 from relax.training.grpo import (
     LossAggregation,
     PolicyLossConfig,
@@ -65,8 +64,9 @@ from relax.training.precision import (
     precision_fallback_warning,
     resolve_precision,
 )
-from relax.training.publication import WeightManifest
 from relax.training.sender import BROADCAST_BUCKET_BYTES, WeightSender
+from relax.weights.flat_bucket import dtype_from_name
+from relax.weights.publication import WeightManifest
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed.fsdp import MixedPrecisionPolicy
@@ -389,7 +389,7 @@ class TrainerActor:
             self.device, backend = torch.device("cpu"), "gloo"
         timeout = timedelta(seconds=config.dist_timeout_s)
         if rank == 0:  # the group's store listens on master_addr only, not on every interface
-            from relax.cluster.rendezvous_store import bound_store
+            from relax.weights.rendezvous_store import bound_store
 
             store = bound_store(str(master_addr), int(master_port), world_size, config.dist_timeout_s)
         else:
@@ -668,7 +668,7 @@ class TrainerActor:
 
         Returns the manifest (rank 0; others None) as soon as the weights are gathered: the bytes stay here and are
         copied into the send buffers in the background, only their description travels. ``layout`` is how the
-        engines hold the model, which is what the version's checksums are of (``relax.training.weight_digest``).
+        engines hold the model, which is what the version's checksums are of (``relax.weights.digest``).
         """
         state = self.full_state_dict()
         if self.rank != 0:

@@ -49,7 +49,7 @@ import torch
 
 from relax.training.checkpoint_rotation import CHECKPOINT_NAME, checkpoints_to_delete
 from relax.training.durable import atomic_write_text
-from relax.training.weights import WEIGHTS_FILE, atomic_dir, copy_model_files, write_safetensors
+from relax.weights.buckets import WEIGHTS_FILE, atomic_dir, copy_model_files, write_safetensors
 
 __all__ = [
     "FORMAT_VERSION",

@@ -25,7 +25,7 @@ from typing import Any
 from relax.training.actor import SUM_METRICS, TrainerActor, TrainerConfig
 from relax.training.batching import check_samples, loss_denominator, num_micro_batches, split_evenly
 from relax.training.grpo import LossAggregation
-from relax.training.publication import WEIGHTS_CONCURRENCY_GROUP
+from relax.weights.publication import WEIGHTS_CONCURRENCY_GROUP
 
 __all__ = ["TrainerGroup", "TrainerRankError", "TrainerTimeoutError", "reduce_rank_metrics"]
 

@@ -29,7 +29,7 @@ class Publication:
     """One version on its way: what was published and the manager's registration to ``ray.get`` if you wait."""
 
     version: int
-    manifest: Any  # relax.training.publication.WeightManifest
+    manifest: Any  # relax.weights.publication.WeightManifest
     gather_s: float  # trainer time: gathering (and putting the buckets in the object store)
     registered: Any  # ObjectRef of RolloutManager.publish_weights
     bucket_refs: tuple[Any, ...] = ()  # object-store path: the buckets (the manager's registry holds them too)
@@ -53,7 +53,7 @@ def publication_dtype(engine_backend: str) -> Any:
 
 def checksum_layout(engine_backend: str) -> str:
     """How the engines of ``engine_backend`` hold the model: what a version's checksums are of
-    (``relax.training.weight_digest``)."""
+    (``relax.weights.digest``)."""
     from relax.engines.backends import engine_backend as adapter
 
     return adapter(engine_backend).checksum_layout
@@ -67,9 +67,9 @@ def publish_state(manager: Any, version: int, state: Mapping[str, Any], *, dtype
 
     import ray
 
-    from relax.training.publication import WeightManifest
-    from relax.training.weight_digest import layout_checksums
-    from relax.training.weights import make_buckets
+    from relax.weights.buckets import make_buckets
+    from relax.weights.digest import layout_checksums
+    from relax.weights.publication import WeightManifest
 
     began = time.monotonic() if began is None else began
     buckets = make_buckets(state, dtype=dtype)

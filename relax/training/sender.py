@@ -25,11 +25,11 @@ from typing import Any
 
 import torch
 
-from relax.cluster.weight_group import WeightGroup, host_rendezvous, init_weight_group
-from relax.training.flat_bucket import BucketSpec, flatten, unflatten
-from relax.training.publication import WeightConflict, WeightManifest
-from relax.training.weight_digest import ChecksumAlgorithm, ChecksumLayout, layout_checksums, version_digest
-from relax.training.weights import make_buckets
+from relax.weights.buckets import make_buckets
+from relax.weights.digest import ChecksumAlgorithm, ChecksumLayout, layout_checksums, version_digest
+from relax.weights.flat_bucket import BucketSpec, flatten, unflatten
+from relax.weights.group import WeightGroup, host_rendezvous, init_weight_group
+from relax.weights.publication import WeightConflict, WeightManifest
 
 __all__ = ["BROADCAST_BUCKET_BYTES", "HeldVersion", "WeightConflict", "WeightSender"]
 

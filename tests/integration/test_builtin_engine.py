@@ -430,7 +430,7 @@ async def test_weights_checker_answers_every_served_tensor_in_sglangs_shape(clie
 
     from safetensors.torch import load_file
 
-    from relax.training.weight_digest import layout_checksums, version_digest
+    from relax.weights.digest import layout_checksums, version_digest
 
     r = await client.post("/weights_checker", json={"action": "checksum"})
     assert r.status_code == 200, r.text

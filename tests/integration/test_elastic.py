@@ -287,7 +287,7 @@ def test_an_engine_is_verified_on_its_first_load_and_on_demand_through_the_manag
     from safetensors.torch import load_file
 
     from relax.training.publisher import publish_state
-    from relax.training.weight_digest import layout_checksums, version_digest
+    from relax.weights.digest import layout_checksums, version_digest
 
     state = {name: t + 0.01 for name, t in load_file(str(tiny_preset.model_dir / "model.safetensors")).items()}
     published = ray.get(elastic.status.remote())["latest_published"] + 1

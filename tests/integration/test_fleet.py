@@ -26,8 +26,8 @@ from relax.rollout.launcher import EngineSlot
 from relax.rollout.pool import EngineKind, EnginePool, EngineState
 from relax.rollout.router import Router
 from relax.rollout.scaling import ScaleInSpec, ScaleOutSpec
-from relax.training.publication import WeightRegistry
 from relax.training.sender import WeightSender
+from relax.weights.publication import WeightRegistry
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -20,7 +20,7 @@ from relax.data.sample import Sample
 from relax.presets.task import format_answer
 from relax.training.actor import TrainerConfig
 from relax.training.group import TrainerGroup, TrainerRankError
-from relax.training.weights import make_buckets, materialize
+from relax.weights.buckets import make_buckets, materialize
 
 pytestmark = pytest.mark.timeout(240)
 

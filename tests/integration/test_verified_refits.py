@@ -26,9 +26,9 @@ from relax.rollout.fleet import EngineFleet, FleetSettings
 from relax.rollout.pool import EnginePool, EngineState
 from relax.rollout.refit import VerifyResult
 from relax.rollout.router import Router
-from relax.training.publication import WeightRegistry
 from relax.training.sender import WeightSender
-from relax.training.weight_digest import layout_checksums, version_digest
+from relax.weights.digest import layout_checksums, version_digest
+from relax.weights.publication import WeightRegistry
 from tests.integration.test_fleet import ProcessLauncher, wait_for
 
 pytestmark = pytest.mark.timeout(300)

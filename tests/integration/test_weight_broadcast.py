@@ -16,7 +16,6 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from relax.cluster.weight_group import host_rendezvous
 from relax.engines.client import EngineClient, EngineError
 from relax.rollout.broadcast import (
     BroadcastSettings,
@@ -27,6 +26,7 @@ from relax.rollout.broadcast import (
 )
 from relax.rollout.weight_transport import VersionSuperseded
 from relax.training.sender import WeightSender
+from relax.weights.group import host_rendezvous
 from tests.integration.test_builtin_engine import teacher_forced_logprobs
 
 SETTINGS = BroadcastSettings(backend="gloo", timeout_s=30.0)

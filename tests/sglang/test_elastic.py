@@ -16,7 +16,7 @@ from relax.cluster.network import free_port
 from relax.demo.elastic import RunApi, wait_until
 from relax.demo.local import train_argv
 from relax.engines.shm_leftovers import SHM_DIR
-from relax.training.weight_digest import checksum_mismatches
+from relax.weights.digest import checksum_mismatches
 from tests.e2e.test_elastic_training import post, request_done
 from tests.sglang.test_training import RefitWatcher, expected_checksums
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from relax.training.weight_digest import ChecksumAlgorithm, layout_checksums, sglang_gpu_hash, sglang_layout
+from relax.weights.digest import ChecksumAlgorithm, layout_checksums, sglang_gpu_hash, sglang_layout
 
 HERE = Path(__file__).resolve().parent
 

@@ -25,9 +25,9 @@ from relax.rollout.fleet import EngineFleet, FleetSettings
 from relax.rollout.launcher import EngineSlot
 from relax.rollout.pool import EnginePool, EngineState
 from relax.rollout.router import Router
-from relax.training.publication import WeightRegistry
 from relax.training.sender import WeightSender
-from relax.training.weight_digest import checksum_mismatches, sglang_checksums
+from relax.weights.digest import checksum_mismatches, sglang_checksums
+from relax.weights.publication import WeightRegistry
 from tests.sglang.conftest import start_sglang
 
 SECRET = "partial-refit-secret"

@@ -4,7 +4,7 @@ and no ``--sglang-*`` flag.
 Every refit is verified: while the run trains, a watcher reads each engine's served weights through SGLang's
 own ``/weights_checker`` (per-tensor SHA-256) whenever its ``/model_info`` says which version it serves, and
 after the run each observation is compared with the trainer's checkpoint of that version (``--save-interval
-1``), laid out and cast as SGLang serves it (``relax.training.weight_digest``): every tensor, every version,
+1``), laid out and cast as SGLang serves it (``relax.weights.digest``): every tensor, every version,
 every engine.
 """
 
@@ -26,7 +26,7 @@ from relax.demo.local import train_argv
 from relax.engines.keys import EngineKeys
 from relax.presets.smollm2 import SMOLLM2_GRPO
 from relax.training.checkpoint import checkpoint_name
-from relax.training.weight_digest import checksum_mismatches, sglang_checksums
+from relax.weights.digest import checksum_mismatches, sglang_checksums
 
 pytestmark = pytest.mark.timeout(900)
 

@@ -2,7 +2,7 @@
 
 The session's shared real server (``sglang_engine``) joins a fleet, receives version 1 by broadcast (bf16, in
 SGLang's fused layout) and is verified against the trainer's checksums computed without a copy
-(``relax.training.weight_digest``). Then its weights are changed behind Relax's back (``/update_weights_from_disk``
+(``relax.weights.digest``). Then its weights are changed behind Relax's back (``/update_weights_from_disk``
 of the base checkpoint, keeping the version label it reports): the next check catches it, reloads version 1
 while the engine is paused, and verifies it again. At the end the server gets the base checkpoint back as
 version 0, as the other tests of the session expect it.
@@ -26,9 +26,9 @@ from relax.rollout.fleet import EngineFleet, FleetSettings
 from relax.rollout.pool import EnginePool, EngineState
 from relax.rollout.refit import VerifyResult
 from relax.rollout.router import Router
-from relax.training.publication import WeightRegistry
 from relax.training.sender import WeightSender
-from relax.training.weight_digest import sglang_checksums, version_digest
+from relax.weights.digest import sglang_checksums, version_digest
+from relax.weights.publication import WeightRegistry
 from tests.sglang.conftest import SHARED_ENGINE_SECRET
 from tests.sglang.test_partial_refit import RealEngineLauncher
 

@@ -18,7 +18,7 @@ from relax.training.checkpoint import (
     write_latest,
 )
 from relax.training.checkpoint_rotation import checkpoints_to_delete
-from relax.training.weights import WEIGHTS_FILE
+from relax.weights.buckets import WEIGHTS_FILE
 
 # ---------------------------------------------------------------------------------------------- the rule
 

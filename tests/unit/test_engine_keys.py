@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from relax.config.pause_mode import PauseMode
 from relax.engines.keys import EngineKeys, authorized, engine_keys, is_admin_route
 from relax.engines.launcher import last_error_line
 from relax.engines.shm_leftovers import KMP_PREFIX, ShmLedger, group_pids
+from relax.weights.pause_mode import PauseMode
 
 GEN, ADMIN = "gen-key", "admin-key"
 

@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 import torch
 
-from relax.config.pause_mode import PauseMode
 from relax.engines.builtin.engine import Engine
 from relax.engines.builtin.metrics import EngineMetrics
 from relax.engines.builtin.model_runner import ModelRunner, load_model
 from relax.engines.builtin.sampling import SamplingParams
 from relax.engines.builtin.scheduler import Capacity, Request
+from relax.weights.pause_mode import PauseMode
 
 
 class Gate:

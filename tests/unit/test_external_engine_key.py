@@ -20,7 +20,7 @@ from relax.rollout.fleet import EngineFleet, FleetSettings
 from relax.rollout.launcher import EngineSlot
 from relax.rollout.pool import EngineKind, EnginePool, EngineState
 from relax.rollout.router import Router
-from relax.training.publication import WeightRegistry
+from relax.weights.publication import WeightRegistry
 from tests.loopback import LoopbackServer
 
 SECRET = "the-runs-own-engine-secret"

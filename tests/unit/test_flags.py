@@ -312,7 +312,7 @@ def test_help_exits_zero(capsys):
 
 
 def test_weight_sync_pause_mode_defaults_to_retract_and_names_bad_values() -> None:
-    from relax.config.pause_mode import PauseMode
+    from relax.weights.pause_mode import PauseMode
 
     assert parse_args([]).weight_sync_pause_mode is PauseMode.RETRACT
     assert parse_args(["--weight-sync-pause-mode", "in_place"]).weight_sync_pause_mode is PauseMode.IN_PLACE

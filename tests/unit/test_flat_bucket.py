@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from relax.training.flat_bucket import BucketSpec, dtype_from_name, flatten, specs_from_manifest, unflatten
-from relax.training.publication import WeightManifest
-from relax.training.weights import make_buckets
+from relax.weights.buckets import make_buckets
+from relax.weights.flat_bucket import BucketSpec, dtype_from_name, flatten, specs_from_manifest, unflatten
+from relax.weights.publication import WeightManifest
 
 
 def mixed_bucket() -> dict[str, torch.Tensor]:

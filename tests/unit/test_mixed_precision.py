@@ -29,8 +29,8 @@ from relax.training.actor import (
     precision_fallback_warning,
     resolve_precision,
 )
-from relax.training.publication import WeightManifest
-from relax.training.weights import make_buckets, merge_buckets, publish_tensor
+from relax.weights.buckets import make_buckets, merge_buckets, publish_tensor
+from relax.weights.publication import WeightManifest
 
 BF16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
 FP16 = MixedPrecisionPolicy(param_dtype=torch.float16, reduce_dtype=torch.float32)

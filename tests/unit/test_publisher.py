@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from relax.training import sender as sender_module
-from relax.training.flat_bucket import unflatten
-from relax.training.publication import WeightConflict
 from relax.training.publisher import publication_dtype
 from relax.training.sender import WeightSender
-from relax.training.weight_digest import layout_checksums
+from relax.weights.digest import layout_checksums
+from relax.weights.flat_bucket import unflatten
+from relax.weights.publication import WeightConflict
 
 
 def test_sglang_engines_are_sent_bf16_and_the_builtin_engine_fp32() -> None:

@@ -28,8 +28,8 @@ from relax.rollout.refit import (
 )
 from relax.rollout.weight_sync import WeightSync
 from relax.rollout.weight_transport import TransportKind
-from relax.training.publication import WeightConflict, WeightManifest, WeightRegistry
-from relax.training.weight_digest import version_digest
+from relax.weights.digest import version_digest
+from relax.weights.publication import WeightConflict, WeightManifest, WeightRegistry
 
 S = EngineState
 
@@ -285,7 +285,7 @@ def test_an_engine_on_a_gpu_is_checked_in_sglangs_gpu_hash_which_an_object_store
 
 
 def test_which_hash_an_engine_uses_is_read_from_its_server_info() -> None:
-    from relax.training.weight_digest import ChecksumAlgorithm, checksum_algorithm
+    from relax.weights.digest import ChecksumAlgorithm, checksum_algorithm
 
     assert checksum_algorithm({"engine": "relax-builtin", "device": "cuda"}) is ChecksumAlgorithm.SHA256
     assert checksum_algorithm({"device": "cpu"}) is ChecksumAlgorithm.SHA256  # SGLang on CPU

@@ -25,7 +25,7 @@ from relax.training.checkpoint import (
     write_latest,
 )
 from relax.training.report import RUN_SECONDS, MetricsLog, keep_rows, migration_row, resume_records, summarize
-from relax.training.weights import WEIGHTS_FILE
+from relax.weights.buckets import WEIGHTS_FILE
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import torch
 from relax.engines.builtin.model_impl import ModelImpl
 from relax.engines.builtin.model_runner import load_model
 from relax.engines.builtin.weight_arena import build_arena
-from relax.training.flat_bucket import BucketSpec, flatten
+from relax.weights.flat_bucket import BucketSpec, flatten
 
 CPU = torch.device("cpu")
 

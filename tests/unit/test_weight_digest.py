@@ -1,4 +1,4 @@
-"""Checksums of a publication as SGLang's /weights_checker reports them (relax.training.weight_digest).
+"""Checksums of a publication as SGLang's /weights_checker reports them (relax.weights.digest).
 
 The real engine's side is tests/sglang/test_training.py: every tensor of every version matched there."""
 
@@ -9,7 +9,7 @@ import hashlib
 import pytest
 import torch
 
-from relax.training.weight_digest import (
+from relax.weights.digest import (
     ChecksumLayout,
     checksum_mismatches,
     layout_checksums,

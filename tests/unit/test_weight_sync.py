@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 
-from relax.config.pause_mode import PauseMode
 from relax.rollout import fleet as fleet_module
 from relax.rollout.events import EventLog
 from relax.rollout.fleet import EngineFleet, FleetSettings
@@ -22,7 +21,8 @@ from relax.rollout.pool import EngineKind, EnginePool, EngineState
 from relax.rollout.router import Router
 from relax.rollout.weight_sync import WeightSync, engines_behind
 from relax.rollout.weight_transport import TransportKind, VersionSuperseded, choose_transport
-from relax.training.publication import WeightManifest, WeightRegistry
+from relax.weights.pause_mode import PauseMode
+from relax.weights.publication import WeightManifest, WeightRegistry
 
 S = EngineState
 

@@ -10,15 +10,14 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from relax.cluster import scratch
-from relax.training.publication import WeightConflict, WeightManifest, WeightRegistry
-from relax.training.weights import (
+from relax.weights.buckets import (
     cleanup_old,
-    default_weights_root,
     make_buckets,
     materialize,
     merge_buckets,
     version_dir,
 )
+from relax.weights.publication import WeightConflict, WeightManifest, WeightRegistry
 
 
 def _state(sizes: list[int], dtype=torch.float32) -> dict[str, torch.Tensor]:
@@ -169,7 +168,7 @@ def test_cleanup_keeps_the_newest_versions(tmp_path: Path) -> None:
 def test_default_root_is_per_engine_inside_the_run_scratch(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("RELAX_SCRATCH_DIR", str(tmp_path))
     monkeypatch.setenv("RELAX_RUN_ID", "r1")
-    root = default_weights_root("engine-3")
+    root = scratch.weights_root("engine-3")
     assert root == tmp_path / "relax-run-r1" / "weights" / "engine-3"
     assert (tmp_path / "relax-run-r1" / ".lease").is_file()
     scratch.release(tmp_path / "relax-run-r1")

@@ -26,12 +26,12 @@ from typing import TypeVar
 
 import torch
 
-from relax.config.pause_mode import PauseMode
 from relax.engines.builtin.metrics import EngineMetrics, LoadSnapshot
 from relax.engines.builtin.model_runner import ModelRunner
 from relax.engines.builtin.sampling import sample
 from relax.engines.builtin.scheduler import Capacity, FinishType, Request, RequestQueue, admit, check_stop
 from relax.engines.builtin.versions import VersionChange, version_spans
+from relax.weights.pause_mode import PauseMode
 
 _T = TypeVar("_T")
 

@@ -26,7 +26,6 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from relax import __version__
-from relax.config.pause_mode import PauseMode
 from relax.engines.builtin.decoder import DecoderForCausalLM
 from relax.engines.builtin.engine import DuplicateRequestId, Engine
 from relax.engines.builtin.metrics import EngineMetrics
@@ -52,6 +51,7 @@ from relax.engines.builtin.weight_checker import WeightsCheckerBody, weights_che
 from relax.engines.builtin.weight_updates import DistributedUpdates, WeightUpdateError
 from relax.engines.guard import parent_watchdog
 from relax.engines.keys import authorized, is_admin_route
+from relax.weights.pause_mode import PauseMode
 
 log = logging.getLogger("relax.engine")
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from relax.training.flat_bucket import BucketSpec, dtype_from_name, unflatten
+from relax.weights.flat_bucket import BucketSpec, dtype_from_name, unflatten
 
 __all__ = ["WeightArena", "build_arena"]
 

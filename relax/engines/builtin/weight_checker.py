@@ -1,7 +1,7 @@
 """``/weights_checker`` on the built-in engine: SGLang 0.5.23's checksum action, in SGLang's answer shape.
 
 A refit is verified by comparing what the engine serves with what the trainer published
-(``relax.training.weight_digest``), so both engines must answer the same question the same way: per served tensor
+(``relax.weights.digest``), so both engines must answer the same question the same way: per served tensor
 the first 8 bytes of the SHA-256 of its bytes, and ``per_gpu_checksum`` over all of them. The built-in engine
 serves the Hugging Face model, so its names are HF names (layout ``hf``); a tensor held under two names (a tied
 ``lm_head``) is reported once, under the name a checkpoint keeps (the embedding), as a publication carries it.
@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict, StrictBool
 
-from relax.training.weight_digest import ChecksumLayout, layout_checksums, version_digest
+from relax.weights.digest import ChecksumLayout, layout_checksums, version_digest
 
 __all__ = ["WeightsCheckerBody", "served_state", "weights_checksum_answer"]
 

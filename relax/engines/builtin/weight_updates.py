@@ -1,7 +1,7 @@
 """Broadcast weight updates on the built-in engine, as SGLang 0.5.23 runs them.
 
 ``/init_weights_update_group`` joins a process group with the trainer, built exactly as SGLang builds it
-(``relax.cluster.weight_group``); ``/begin_weight_update`` opens an update session, each
+(``relax.weights.group``); ``/begin_weight_update`` opens an update session, each
 ``/update_weights_from_distributed`` receives one bucket by broadcast from rank 0 (one collective per tensor,
 or one for the whole bucket with ``load_format: "flattened_bucket"``) and copies it into the served model in
 place; ``/end_weight_update`` closes the session; ``/destroy_weights_update_group`` leaves the group. The
@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from relax.cluster.weight_group import WeightGroup, init_weight_group
 from relax.engines.builtin.protocol import InitWeightsUpdateGroupBody, UpdateWeightsFromDistributedBody
 from relax.engines.builtin.weight_arena import WeightArena, build_arena
-from relax.training.flat_bucket import BucketSpec, dtype_from_name, unflatten
+from relax.weights.flat_bucket import BucketSpec, dtype_from_name, unflatten
+from relax.weights.group import WeightGroup, init_weight_group
 
 if TYPE_CHECKING:
     from relax.engines.builtin.engine import Engine

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from relax.cluster.rendezvous_store import bound_store
+from relax.weights.rendezvous_store import bound_store
 
 __all__ = ["BACKENDS", "DEFAULT_GROUP_NAME", "WeightGroup", "host_rendezvous", "init_weight_group"]
 

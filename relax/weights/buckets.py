@@ -1,5 +1,5 @@
 """Weight publication pieces: buckets and on-disk copies (the manifest and the registry of published
-versions: ``relax.training.publication``, torch-free for the rollout manager).
+versions: ``relax.weights.publication``, torch-free for the rollout manager).
 
 (docs/architecture.md, "Weights and staleness".)
 
@@ -27,8 +27,6 @@ from pathlib import Path
 
 import torch
 
-from relax.cluster import scratch
-
 __all__ = [
     "DEFAULT_BUCKET_BYTES",
     "MODEL_FILES",
@@ -36,7 +34,6 @@ __all__ = [
     "atomic_dir",
     "cleanup_old",
     "copy_model_files",
-    "default_weights_root",
     "make_buckets",
     "materialize",
     "merge_buckets",
@@ -184,13 +181,6 @@ def materialize(
         copy_model_files(config_dir, tmp)
 
     return atomic_dir(out_dir, fill)
-
-
-def default_weights_root(engine_id: str) -> Path:
-    """``<run scratch>/weights/<engine_id>``: this run's own leased directory in shared memory
-    (``relax.cluster.scratch``), so two runs on one node never touch each other's copies and a crashed
-    run's copies are swept by the next one."""
-    return scratch.run_dir() / "weights" / engine_id
 
 
 def version_dir(root: str | Path, version: int) -> Path:
