@@ -53,9 +53,17 @@ from relax.cluster.connect import start_local  # noqa: E402
 from relax.engines.loadgen import run_burst  # noqa: E402
 from relax.presets.tiny import build_tiny_preset  # noqa: E402
 from relax.rollout.api import status_of  # noqa: E402
-from relax.rollout.generator import SamplingSettings  # noqa: E402
-from relax.rollout.manager import ManagerConfig, RolloutManager  # noqa: E402
+from relax.rollout.manager import spawn_rollout_manager  # noqa: E402
 from relax.rollout.scaling import ScaleInSpec, ScaleOutSpec  # noqa: E402
+from relax.rollout.settings import (  # noqa: E402
+    DataSettings,
+    DispatchSettings,
+    FleetSettings,
+    LaunchSettings,
+    RolloutSettings,
+    SamplingSettings,
+    ScalingSettings,
+)
 
 PHASES = ("placement_wait_s", "start_s", "health_s", "weight_sync_s", "total_s")
 ENDED = ("ACTIVE", "PARTIAL", "FAILED", "CANCELLED", "COMPLETED")
@@ -288,29 +296,21 @@ def _split_deviation(per_engine: dict[str, int]) -> float:
 def _run(args: argparse.Namespace, preset: Any, tmp: Path) -> dict:
     from transformers import AutoTokenizer
 
-    config = ManagerConfig(
-        model_path=str(preset.model_dir),
-        prompt_data=str(preset.train_path),
-        num_rollout=1,
-        rollout_batch_size=4,
-        sampling=SamplingSettings(n_samples=2, max_new_tokens=8),
-        max_staleness=0,
-        apply_chat_template=True,
-        rm_type="tiny",
-        backend="builtin",
-        max_engines=3,
-        scale_out_timeout_s=180,
-        scale_in_drain_timeout_s=30,
-        scale_in_shutdown_timeout_s=10,
-        engine_log_dir=str(tmp / "engine-logs"),
-        stream_generations=args.stream != "off",
-        stream_min_tokens=0 if args.stream == "all" else ManagerConfig.stream_min_tokens,
+    settings = RolloutSettings(
+        data=DataSettings(prompt_data=str(preset.train_path), num_rollout=1, rollout_batch_size=4,
+                          sampling=SamplingSettings(n_samples=2, max_new_tokens=8), max_staleness=0,
+                          apply_chat_template=True, rm_type="tiny"),
+        fleet=FleetSettings(model_path=str(preset.model_dir), drain_timeout_s=30, shutdown_timeout_s=10),
+        launch=LaunchSettings(backend="builtin", log_dir=str(tmp / "engine-logs")),
+        dispatch=DispatchSettings(stream=args.stream != "off",
+                                  stream_min_tokens=0 if args.stream == "all" else DispatchSettings.stream_min_tokens),
+        scaling=ScalingSettings(max_engines=3, scale_out_timeout_s=180),
     )
     initial = placement_group([{"GPU": 1, "CPU": 1}], strategy="PACK", name="bench-initial")
     ray.get(initial.ready(), timeout=60)
     manager = None
     try:
-        manager = ray.remote(RolloutManager).options(max_concurrency=1000, num_cpus=0).remote(config)
+        manager = spawn_rollout_manager(settings)
         began = time.monotonic()
         ray.get(manager.start_initial_engines.remote([(initial, 0)]), timeout=300)
         initial_start_s = round(time.monotonic() - began, 3)

@@ -185,17 +185,19 @@ def run_case(model_dir: Path, path: str, engines: int, repeats: int, train_path:
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
 
-    from relax.rollout.generator import SamplingSettings
-    from relax.rollout.manager import ManagerConfig, RolloutManager
+    from relax.rollout.manager import spawn_rollout_manager
+    from relax.rollout.settings import DataSettings, FleetSettings, RolloutSettings, SamplingSettings
     from relax.training.actor import TrainerConfig
     from relax.training.group import TrainerGroup
 
     groups = [placement_group([{"GPU": 1, "CPU": 1}], strategy="PACK") for _ in range(engines + 1)]
     ray.get([g.ready() for g in groups], timeout=120)
-    config = ManagerConfig(model_path=str(model_dir), prompt_data=str(train_path), num_rollout=1,
-                           rollout_batch_size=1, sampling=SamplingSettings(n_samples=1, max_new_tokens=4),
-                           apply_chat_template=True, rm_type="tiny", health_timeout_s=600, verify_weights=verify)
-    manager = ray.remote(RolloutManager).options(max_concurrency=1000, num_cpus=0).remote(config)
+    manager = spawn_rollout_manager(RolloutSettings(
+        data=DataSettings(prompt_data=str(train_path), num_rollout=1, rollout_batch_size=1,
+                          sampling=SamplingSettings(n_samples=1, max_new_tokens=4), apply_chat_template=True,
+                          rm_type="tiny"),
+        fleet=FleetSettings(model_path=str(model_dir), health_timeout_s=600, verify_weights=verify),
+    ))
     trainer = None
     try:
         t0 = time.monotonic()

@@ -96,7 +96,7 @@ from relax.autoscaler.traces import Phase, Trace
 from relax.autoscaler.virtual_clock import run_virtual
 from relax.config.flags import PartialSuccessPolicy
 from relax.rollout.events import EventLog
-from relax.rollout.executor import ScaleExecutor, ScalingSettings
+from relax.rollout.executor import ScaleExecutor
 from relax.rollout.pool import EngineKind, EnginePool, EngineState
 from relax.rollout.scaling import (
     FAILED_STATUSES,
@@ -104,6 +104,7 @@ from relax.rollout.scaling import (
     ScaleOutSpec,
     ScalingError,
 )
+from relax.rollout.settings import ScalingSettings
 
 __all__ = [
     "RECIPE_BOUNDS",
@@ -429,9 +430,8 @@ class _Simulation:
             self.pool, SimulatedFleet(self), EventLog(self.now_),
             ScalingSettings(initial_engines=self.initial, max_engines=max_engines,
                             scale_out_timeout_s=policy.config.scale_out_request_timeout_secs,
-                            partial_success_policy=settings.partial_success_policy,
-                            drain_timeout_s=settings.drain_timeout_secs),
-            clock=self.now_, timer=self.now_,
+                            partial_success_policy=settings.partial_success_policy),
+            drain_timeout_s=settings.drain_timeout_secs, clock=self.now_, timer=self.now_,
         )
         for _ in range(self.initial):
             record = self.pool.add(EngineKind.INITIAL, bundle="initial")

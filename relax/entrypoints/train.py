@@ -36,7 +36,6 @@ from relax.config.flags import (
     SGLANG_PYTHON_ENV,
     ConfigError,
     TrainArgs,
-    UnfinishedRequests,
     fail,
     parse_args_or_exit,
 )
@@ -193,6 +192,7 @@ class Driver:
         self.tracking: tracking.Tracking = tracking.NO_TRACKING  # W&B with --use-wandb (relax.training.tracking)
         self._step_times: list[float] = []  # for the console line's ETA (relax.training.console)
         self._migration: dict[str, Any] = {}  # the manager's migration counters at the previous step's row
+        self._report: dict[str, Any] | None = None  # the last step's figures for the manager, not yet sent
 
     # ------------------------------------------------------------------ setup
     def _install_signals(self) -> None:
@@ -206,65 +206,17 @@ class Driver:
         signal.signal(signal.SIGTERM, handler)
         signal.signal(signal.SIGINT, handler)
 
-    def _manager_config(self) -> Any:
-        from relax.rollout.generator import SamplingSettings
-        from relax.rollout.manager import ManagerConfig
+    def _rollout_settings(self) -> Any:
+        """The rollout's settings (``rollout.settings``): the flags, the plan and what this driver learnt."""
+        from relax.rollout.settings import RunFacts, rollout_settings
 
-        a = self.args
-        sampling = SamplingSettings(
-            n_samples=a.n_samples_per_prompt,
-            max_new_tokens=a.rollout_max_response_len,
-            temperature=a.rollout_temperature,
-            top_p=a.rollout_top_p,
-            top_k=a.rollout_top_k,
-        )
-        eval_sampling = SamplingSettings(
-            n_samples=a.n_samples_per_eval_prompt,
-            max_new_tokens=a.eval_max_response_len or a.rollout_max_response_len,
-            temperature=a.eval_temperature if a.eval_temperature is not None else a.rollout_temperature,
-            top_p=a.eval_top_p if a.eval_top_p is not None else a.rollout_top_p,
-        )
-        return ManagerConfig(
-            model_path=str(Path(a.hf_checkpoint).resolve()),
-            prompt_data=str(Path(a.prompt_data).resolve()),
-            num_rollout=self.plan.num_rollout,
-            rollout_batch_size=a.rollout_batch_size,
-            sampling=sampling,
-            max_staleness=a.max_staleness,
-            input_key=a.input_key,
-            label_key=a.label_key,
-            apply_chat_template=a.apply_chat_template,
-            rollout_shuffle=a.rollout_shuffle,
-            rollout_seed=a.rollout_seed,
-            rm_type=a.rm_type.value if a.rm_type else None,
-            custom_rm_path=a.custom_rm_path,
-            scale_by_std=not a.disable_grpo_std_normalization,
-            eval_datasets=tuple((n, str(Path(p).resolve())) for n, p in a.eval_prompt_data),
-            eval_sampling=eval_sampling,
-            engine_log_dir=str((self.run_dir / "engines").resolve()),
-            gpus_per_engine=a.rollout_num_gpus_per_engine,
-            max_engines=self.plan.max_engines,
-            scale_out_timeout_s=a.scale_out_timeout,
-            partial_success_policy=a.scale_out_partial_success_policy.value,
-            scale_in_drain_timeout_s=a.scale_in_drain_timeout,
-            scale_in_shutdown_timeout_s=a.scale_in_shutdown_timeout,
+        return rollout_settings(self.args, self.plan, RunFacts(
             backend=self.backend,  # `auto` decided on an engine's node (_resolve_backend)
-            sglang_python=a.sglang_interpreter(),
-            engine_host=a.engine_host,
-            sglang_mem_fraction_static=a.sglang_mem_fraction_static,
-            sglang_extra_args=tuple(a.sglang_extra_args),
-            weight_sync_pause_mode=a.weight_sync_pause_mode,
-            weight_broadcast_timeout_s=a.weight_broadcast_timeout,
-            verify_weights=a.verify_weights,
-            migrate_in_flight=a.scale_in_unfinished is UnfinishedRequests.MIGRATE,
-            weight_broadcast_backend=self._broadcast_backend(),
-            engine_api_key=engine_secret(),
-            engine_generation_key=api_key_from_env(),
-            engines_per_node=self._engines_per_node(),
-            external_engine_api_key=external_engine_key(),
-            sglang_router_url=a.sglang_router_url,
+            broadcast_backend=self._broadcast_backend(), engines_per_node=self._engines_per_node(),
+            engine_log_dir=str((self.run_dir / "engines").resolve()), engine_api_key=engine_secret(),
+            engine_generation_key=api_key_from_env(), external_engine_api_key=external_engine_key(),
             sglang_router_api_key=os.environ.get("RELAX_SGLANG_ROUTER_API_KEY") or None,
-        )
+        ))
 
     def _engines_per_node(self) -> int:
         """How many engines share a node's cores: all the initial ones on a one-machine cluster, else one a node."""
@@ -289,7 +241,7 @@ class Driver:
         from relax.cluster.connect import connect
         from relax.cluster.placement import create_groups
         from relax.rollout.control_plane import spawn_control_plane
-        from relax.rollout.manager import RolloutManager
+        from relax.rollout.manager import spawn_rollout_manager
         from relax.training.actor import TrainerConfig
         from relax.training.group import TrainerGroup
 
@@ -319,10 +271,7 @@ class Driver:
         log.info("cluster mode %s; placement groups ready: %s", mode, ", ".join(n for n, _ in named))
         self.backend = self._resolve_backend()
 
-        manager_cls = ray.remote(RolloutManager)
-        self.manager = manager_cls.options(
-            name=None, max_concurrency=10000, num_cpus=0, resources=self.plan.control_plane_options() or None
-        ).remote(self._manager_config())
+        self.manager = spawn_rollout_manager(self._rollout_settings(), resources=self.plan.control_plane_options())
         # The engines load their model while the trainer ranks initialise: the two are independent, and each
         # takes seconds to tens of seconds (the first step waits for both).
         engines_ref = self.manager.start_initial_engines.remote([(g, 0) for g in self.groups[1:]])
@@ -450,6 +399,8 @@ class Driver:
                 pass
             finally:
                 progress.close()
+            if self._report is not None:  # the last step's figures: the control plane shows the run's end
+                self.manager.report_training.remote(self._report)
             if self.stop.requested:
                 log.warning("%s: stopping after step %s", self.stop.signal_name, last_done[0] if last_done else "-")
                 if self.args.save and last_done is not None and last_done[0] != last_saved:
@@ -465,40 +416,30 @@ class Driver:
             self._shutdown()
 
     def _train_one(self, step: int, total: int, metrics: Any, versions_log: Any) -> dict[str, int] | None:
-        """Rollout step `step` → one training step → publish version step+1; returns the data position."""
-        import ray
+        """Rollout step `step` → one training step → publish version step+1; returns the data position.
 
-        from relax.data.buffer import staleness_stats
-        from relax.data.sample import Sample
+        Two calls to the rollout manager per step: :meth:`_take_step` (the samples go to the trainer ranks by
+        reference, never through this process; the previous step's figures go back with it) and the
+        publication."""
         from relax.training.report import migration_row
 
         wait_began = time.monotonic()
-        part = self._get_partition(step)
+        part = self._take_step(step)
         waited = time.monotonic() - wait_began
-        samples = [Sample.from_dict(d) for d in part["samples"]]
-        trainer_version = step  # the trainer holds version k while it trains on step k
-        stale = staleness_stats(samples, trainer_version)
-        record = {
-            "step": step,
-            "trainer_version": trainer_version,
-            "sample_versions": [s.weight_version for s in samples],  # the oldest version behind any token
-            "sample_version_spans": [[list(span) for span in s.weight_version_spans] for s in samples],
-            "prompt_indices": sorted({s.prompt_index for s in samples}),
-        }
-        versions_log.write(json.dumps(record) + "\n")
+        versions_log.write(json.dumps(part["versions"]) + "\n")
         versions_log.flush()
-        if self.args.record_samples:
-            self._record_samples(step, samples)
+        if part["sample_rows"] is not None:
+            self._record_samples(part["sample_rows"])
         train_began = time.monotonic()
-        train_metrics = self.trainer.train_step(part["samples"])
+        train_metrics = self.trainer.train_sharded(part["shards"], part["denominator"], part["num_micro_batches"],
+                                                   part["aggregation"])
         trained = time.monotonic() - train_began
         publish_s = self._publish(step + 1)
-        status = ray.get(self.manager.status.remote())
+        status = part["status"]
         step_time = time.monotonic() - wait_began
         row = {
             **part["metrics"],
             **{f"train/{k}": v for k, v in train_metrics.items()},
-            **stale.to_metrics(),
             "time/step_s": step_time,
             "time/trainer_wait_s": waited,
             "time/train_s": trained,
@@ -512,11 +453,12 @@ class Driver:
         self._migration = status["migration"]
         metrics.log(step + 1, row)
         self.tracking.log(metrics.rows[-1])
-        self.manager.report_training.remote({
+        seconds = row.get("rollout/seconds")
+        self._report = {  # sent with the next step's call (and at the end of the run)
             "step": step + 1, "staleness_mean": row.get("staleness/mean", 0.0),
             "trainer_wait_fraction": row["time/trainer_wait_fraction"],
-            "rollout_tokens_per_s": _tokens_per_s(samples, row.get("rollout/seconds")),
-        })
+            "rollout_tokens_per_s": part["response_tokens"] / seconds if seconds else 0.0,
+        }
         self._step_times.append(step_time)
         log.info("%s", StepLine(
             step=step + 1, total=total, reward=row.get("rollout/reward_mean"), staleness_max=row.get("staleness/max"),
@@ -528,20 +470,15 @@ class Driver:
                   trained, publish_s)
         return part["cursor_end"]
 
-    def _record_samples(self, step: int, samples: list[Any]) -> None:
-        """``--record-samples``: what the model wrote, one JSON line per trained sample."""
+    def _record_samples(self, rows: list[dict[str, Any]]) -> None:
+        """``--record-samples``: what the model wrote, one JSON line per trained sample (``rollout.handoff``)."""
         with (self.run_dir / "samples.jsonl").open("a", encoding="utf-8") as f:
-            for s in samples:
-                f.write(json.dumps({
-                    "step": step, "prompt_index": s.prompt_index, "sample_index": s.sample_index,
-                    "weight_version": s.weight_version,
-                    "weight_version_spans": [list(x) for x in s.weight_version_spans], "engine_id": s.engine_id,
-                    "finish_reason": s.finish_reason.value, "reward": s.reward, "label": s.label,
-                    "response_text": s.response_text, "response_token_ids": list(s.response_token_ids),
-                }) + "\n")
+            f.writelines(json.dumps(row) + "\n" for row in rows)
 
-    def _get_partition(self, step: int) -> dict[str, Any]:
-        return self._result(self.manager.get_partition.remote(step, PARTITION_TIMEOUT_S))
+    def _take_step(self, step: int) -> dict[str, Any]:
+        report, self._report = self._report, None
+        return self._result(self.manager.take_step.remote(step, self.trainer.batch_plan(), PARTITION_TIMEOUT_S,
+                                                          report, self.args.record_samples))
 
     def _result(self, ref: Any) -> Any:
         """``ray.get(ref)``, polled, so that a SIGTERM is honoured while the driver waits (for data, for the
@@ -689,10 +626,6 @@ class _NoProgress:
 
 def _progress_bar(total: int, start: int) -> _Progress | _NoProgress:
     return _Progress(total, start) if sys.stderr.isatty() and sys.stdout.isatty() else _NoProgress()
-
-
-def _tokens_per_s(samples: list[Any], seconds: float | None) -> float:
-    return sum(s.response_length for s in samples) / seconds if seconds else 0.0
 
 
 def _fmt(value: float | None) -> str:

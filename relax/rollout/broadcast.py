@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from relax.rollout.refit import load_verified
+from relax.rollout.settings import BroadcastSettings
 from relax.rollout.weight_transport import Check, VersionSuperseded
 from relax.weights.flat_bucket import BucketSpec, specs_from_manifest
 from relax.weights.pause_mode import PauseMode
@@ -119,13 +120,6 @@ class ThreadWeightSource:
 
     async def close(self, name: str) -> None:
         await asyncio.to_thread(self.sender.close, name)
-
-
-@dataclass(frozen=True)
-class BroadcastSettings:
-    backend: str = "gloo"
-    timeout_s: float = 60.0  # per step: a join, one bucket
-    ranks_per_engine: int = 1  # the engine's tensor-parallel ranks
 
 
 @dataclass

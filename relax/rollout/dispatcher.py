@@ -25,6 +25,7 @@ from relax.rollout.dispatch import Action, RequestJourney, Step, stream_interval
 from relax.rollout.generator import Generation
 from relax.rollout.pool import EnginePool, EngineRecord, EngineState
 from relax.rollout.router import FailureKind, NoEngineAvailable, RetryPolicy, Router
+from relax.rollout.settings import DispatchSettings
 
 log = logging.getLogger("relax.rollout")
 
@@ -47,7 +48,6 @@ class DispatchFleet(Protocol):
     """What the dispatcher needs of ``rollout.fleet.EngineFleet``."""
 
     routable: asyncio.Event
-    weight_sync: _SyncGate
 
     def client(self, engine_id: str) -> Any: ...
 
@@ -56,18 +56,6 @@ class DispatchFleet(Protocol):
     def note_answer(self, engine_id: str, version: int) -> None: ...
 
     async def on_engine_failure(self, engine_id: str, exc: BaseException) -> None: ...
-
-
-@dataclass(frozen=True)
-class DispatchSettings:
-    request_timeout_s: float = 300.0  # per wait for bytes of a generation, not the whole of it
-    migrate: bool = True  # continue interrupted generations from their prefix (False: start them again)
-    stream: bool = True  # hold every generation's prefix
-    stream_interval: int = 8  # tokens per chunk at least (``rollout.dispatch.stream_interval``; SGLang's
-    # per-request ``sampling_params.stream_interval``)
-    stream_min_tokens: int = 64  # budgets up to this many tokens are sent unstreamed (a crash regenerates them)
-    eos_ids: frozenset[int] = frozenset()
-    max_context: int | None = None
 
 
 @dataclass
@@ -130,12 +118,13 @@ def classify_error(exc: BaseException) -> FailureKind:
 
 class Dispatcher:
     def __init__(self, router: Router, pool: EnginePool, fleet: DispatchFleet, policy: RetryPolicy,
-                 settings: DispatchSettings) -> None:
+                 settings: DispatchSettings, *, sync: _SyncGate) -> None:
         self.router = router
         self.pool = pool
         self.fleet = fleet
         self.policy = policy
         self.settings = settings
+        self.sync = sync  # the WeightSync: a request waits here while its engine loads weights
         self.migration = MigrationStats()
         self.tokens_generated = 0
         self._attempts: dict[str, set[_Attempt]] = {}  # engine id -> attempts streaming from it
@@ -169,7 +158,7 @@ class Dispatcher:
         version = 0
         error: Exception | None = None
         try:
-            await self.fleet.weight_sync.wait_not_syncing(engine_id)  # a weight load in progress: hold it here
+            await self.sync.wait_not_syncing(engine_id)  # a weight load in progress: hold it here
             version = self.pool.get(engine_id).weight_version or 0
             output = await self._send(attempt, send)
         except Exception as exc:
@@ -196,11 +185,11 @@ class Dispatcher:
                                    self.settings.stream_min_tokens) if self.settings.stream else None
         if interval is None:
             return await client.generate(input_ids=list(send.input_ids), sampling_params=dict(send.sampling_params),
-                                         return_logprob=True, rid=rid, timeout=self.settings.request_timeout_s)
+                                         return_logprob=True, rid=rid)
         params = {**send.sampling_params, "stream_interval": interval}
         attempt.task = asyncio.ensure_future(client.generate_stream(
             attempt.held, input_ids=list(send.input_ids), sampling_params=params,
-            return_logprob=True, rid=rid, timeout=self.settings.request_timeout_s))
+            return_logprob=True, rid=rid))
         streams = self._attempts.setdefault(attempt.engine_id, set())
         streams.add(attempt)
         try:

@@ -21,10 +21,8 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
-from relax.config.flags import PartialSuccessPolicy
 from relax.rollout.events import EventKind, EventLog
 from relax.rollout.pool import EngineKind, EnginePool, EngineState
 from relax.rollout.scaling import (
@@ -41,6 +39,7 @@ from relax.rollout.scaling import (
     ScaleRequestRegistry,
     decide_partial_outcome,
 )
+from relax.rollout.settings import ScalingSettings
 
 log = logging.getLogger("relax.rollout")
 
@@ -73,17 +72,6 @@ class ScaleFleet(Protocol):
         ...
 
 
-@dataclass
-class ScalingSettings:
-    """The run's scaling flags. ``initial_engines`` is set once the initial engines are placed."""
-
-    initial_engines: int = 0
-    max_engines: int | None = None
-    scale_out_timeout_s: float = 300.0
-    partial_success_policy: PartialSuccessPolicy | str = PartialSuccessPolicy.ROLLBACK_ALL
-    drain_timeout_s: float = 30.0
-
-
 class ScaleExecutor:
     """Accepts scale requests (REST and autoscaler alike) and runs each one to its end in the background."""
 
@@ -94,6 +82,7 @@ class ScaleExecutor:
         events: EventLog,
         settings: ScalingSettings,
         *,
+        drain_timeout_s: float = 30.0,
         clock: Clock = time.time,
         timer: Clock = time.monotonic,
         on_change: Callable[[], None] = lambda: None,
@@ -102,6 +91,7 @@ class ScaleExecutor:
         self.fleet = fleet
         self.events = events
         self.settings = settings
+        self.drain_timeout_s = drain_timeout_s  # the fleet's (--scale-in-drain-timeout): a scale-in's default
         self.registry = ScaleRequestRegistry(clock)
         self._timer = timer
         self._on_change = on_change
@@ -202,7 +192,7 @@ class ScaleExecutor:
         else:
             final, teardown = decide_partial_outcome(results, self.settings.partial_success_policy)
         for engine_id in teardown:
-            await self.fleet.retire(engine_id, force=False, drain_timeout_s=self.settings.drain_timeout_s,
+            await self.fleet.retire(engine_id, force=False, drain_timeout_s=self.drain_timeout_s,
                                     reason="scale-out rollback")
         errors = [f"{eid}: {self.pool.get(eid).last_error}" for eid in engine_ids if self.pool.get(eid).last_error]
         request.observe(self.pool)
@@ -227,7 +217,7 @@ class ScaleExecutor:
         began = self._timer()
         await self.fleet.settle_weights()  # never pull an engine out in the middle of a weight load
         request.advance(ScaleInStatus.DRAINING)
-        drain = request.timeout_secs or self.settings.drain_timeout_s
+        drain = request.timeout_secs or self.drain_timeout_s
 
         async def one(engine_id: str) -> None:
             await self.fleet.retire(engine_id, force=request.force, drain_timeout_s=drain, reason="scale-in",

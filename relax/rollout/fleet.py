@@ -30,25 +30,21 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from relax.config.verify_weights import VerifyPolicy
 from relax.engines.client import EngineClient, EngineError
 from relax.engines.keys import EngineKeys, engine_keys
 from relax.logs import failure_cause
-from relax.rollout.broadcast import BroadcastSettings
 from relax.rollout.events import EventKind, EventLog
-from relax.rollout.eviction import Eviction, EvictionSettings, plan_evictions
+from relax.rollout.eviction import Eviction, plan_evictions
 from relax.rollout.joins import JoinLog
 from relax.rollout.launcher import EngineLauncher, EngineSlot
 from relax.rollout.pool import EngineKind, EnginePool, EngineState
-from relax.rollout.refit import Verification, VerifyResult, WeightMismatch
+from relax.rollout.refit import Verification, WeightMismatch
 from relax.rollout.router import Router
 from relax.rollout.router_mirror import SGLangRouterMirror
-from relax.rollout.weight_sync import WeightSync, standard_transports
-from relax.rollout.weight_transport import TransportKind, WeightTransport
-from relax.weights.pause_mode import PauseMode
+from relax.rollout.settings import FleetSettings
+from relax.rollout.weight_sync import WeightSync
 from relax.weights.publication import WeightRegistry
 
 log = logging.getLogger("relax.rollout")
@@ -98,38 +94,6 @@ class EngineHTTP(Protocol):
     async def destroy_weights_update_group(self, group_name: str = ..., **kwargs: Any) -> Any: ...
 
 
-@dataclass(frozen=True)
-class FleetSettings:
-    """Timeouts and sizes of the fleet (from the run's flags)."""
-
-    model_path: str = ""
-    gpus_per_engine: int = 1
-    request_timeout_s: float = 300.0
-    health_timeout_s: float = 120.0
-    drain_timeout_s: float = 30.0
-    shutdown_timeout_s: float = 30.0
-    #: How an engine is paused around each weight load.
-    weight_sync_pause_mode: PauseMode = PauseMode.RETRACT
-    #: After which loads an engine's served weights are checked against the publication (``rollout.refit``).
-    verify_weights: VerifyPolicy = VerifyPolicy.FIRST
-    #: The run's engine secret: each engine the run starts has its own generation and admin keys derived from it
-    #: (relax.engines.keys.engine_keys); never logged.
-    engine_api_key: str | None = field(default=None, repr=False)
-    #: A generation key the user chose for every engine (RELAX_ENGINE_API_KEY), else each engine's own.
-    engine_generation_key: str | None = field(default=None, repr=False)
-    #: What engines attached by URL get instead (the operator's key for them; None: no header). The run's
-    #: secret never leaves the run: an attached URL may be anybody's server.
-    external_engine_api_key: str | None = field(default=None, repr=False)
-    #: Group backend and deadlines of broadcast weight updates (versions published with a sender).
-    broadcast: BroadcastSettings = field(default_factory=BroadcastSettings)
-    #: Budgets of evictions from Ray's drain notices (safety margin, default when no deadline is given).
-    eviction: EvictionSettings = field(default_factory=EvictionSettings)
-    #: An SGLang router (``sglang-router``) that mirrors the routable engines (``--sglang-router-url``); None: none.
-    sglang_router_url: str | None = None
-    #: The router's own ``--api-key``, sent on its worker API when it has one; never logged.
-    sglang_router_api_key: str | None = field(default=None, repr=False)
-
-
 class EngineFleet:
     """Owns every engine's process, client and slot; the pool owns their states."""
 
@@ -141,11 +105,11 @@ class EngineFleet:
         weights: WeightRegistry,
         launcher: EngineLauncher,
         settings: FleetSettings,
+        weight_sync: WeightSync,
         *,
         client_factory: Callable[[str, float, EngineKeys], EngineHTTP] | None = None,
         on_change: Callable[[], None] = lambda: None,
         drain_notices: Callable[[], Mapping[str, int] | None] | None = None,
-        transports: Mapping[TransportKind, WeightTransport] | None = None,
     ) -> None:
         self.pool = pool
         self.router = router
@@ -158,13 +122,9 @@ class EngineFleet:
         self.routable = asyncio.Event()
         self._slots: dict[str, EngineSlot] = {}
         self._clients: dict[str, EngineHTTP] = {}
-        # Weights: the fleet brings an engine up through its first sync, fails it when a load fails, and
-        # releases what its transport keeps for it; everything else about versions is the WeightSync's.
-        self.weight_sync = WeightSync(
-            pool, weights, transports or standard_transports(launcher, settings.model_path, settings.broadcast,
-                                                             settings.weight_sync_pause_mode),
-            self.client, on_failure=lambda eid, exc: self.on_engine_failure(eid, exc, confirmed=True),
-            on_change=on_change, verify=settings.verify_weights, on_verification=self._on_verification)
+        # Weights, the sibling (rollout.assembly wires both): the fleet brings an engine up through its first sync
+        # and releases what its transport keeps for it; a failed load comes back as a failed engine.
+        self.weight_sync = weight_sync
         self._drain_events: dict[str, asyncio.Event] = {}
         self._cancelled: set[str] = set()
         self._background: set[asyncio.Task[Any]] = set()
@@ -262,12 +222,6 @@ class EngineFleet:
         log.info("%s ACTIVE at %s (weights v%s)", engine_id, url, record.weight_version)
 
     # ------------------------------------------------------------------ verified weights
-    def _on_verification(self, outcome: Verification) -> None:
-        """Every mismatch is an event (the metric counts every check, by result)."""
-        if outcome.result is VerifyResult.MISMATCH:
-            self.events.append(EventKind.WEIGHTS_MISMATCH, outcome.describe(), engine_ids=outcome.engine_id,
-                               details=outcome.to_dict())
-
     async def verify_engine(self, engine_id: str) -> Verification:
         """Check an ACTIVE engine's served weights now (``WeightSync.verify``); one that still serves other weights
         after a full reload is failed (and replaced, as any failed engine)."""

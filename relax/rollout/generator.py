@@ -15,24 +15,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from relax.data.sample import FinishReason, PromptGroup, Sample
+from relax.rollout.settings import SamplingSettings
 from relax.training.advantages import assign_group_advantages
-
-
-@dataclass(frozen=True)
-class SamplingSettings:
-    n_samples: int
-    max_new_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-
-    def to_params(self) -> dict[str, Any]:
-        return {
-            "max_new_tokens": self.max_new_tokens,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "top_k": self.top_k,
-        }
 
 
 @dataclass(frozen=True)

@@ -30,9 +30,6 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from relax.engines.client import WeightsUncheckable
-from relax.rollout.broadcast import BroadcastSettings, BroadcastTransport
-from relax.rollout.disk_transports import ExternalDiskTransport, ObjectStoreTransport
-from relax.rollout.launcher import EngineLauncher
 from relax.rollout.pool import EnginePool, EngineRecord
 from relax.rollout.refit import (
     EngineWeights,
@@ -45,10 +42,9 @@ from relax.rollout.refit import (
 )
 from relax.rollout.weight_transport import Check, TransportKind, VersionSuperseded, WeightTransport, choose_transport
 from relax.weights.digest import ChecksumAlgorithm, checksum_algorithm, checksum_mismatches, version_digest
-from relax.weights.pause_mode import PauseMode
 from relax.weights.publication import PublishedWeights, WeightConflict, WeightManifest, WeightRegistry
 
-__all__ = ["WeightSync", "check_served_weights", "engines_behind", "standard_transports"]
+__all__ = ["WeightSync", "check_served_weights", "engines_behind"]
 
 log = logging.getLogger("relax.rollout")
 
@@ -98,14 +94,6 @@ async def check_served_weights(engine_id: str, version: int, client: Any,
     bad = checksum_mismatches(wanted, served)
     return Verification(engine_id, version, VerifyResult.MISMATCH if bad else VerifyResult.VERIFIED, expected_digest,
                         version_digest(served), tuple(bad), time.monotonic() - began, attempt)
-
-
-def standard_transports(launcher: EngineLauncher, model_path: str, broadcast: BroadcastSettings,
-                        pause_mode: PauseMode) -> dict[TransportKind, WeightTransport]:
-    """One transport per path, all pausing the engine the same way."""
-    return {TransportKind.BROADCAST: BroadcastTransport(broadcast, pause_mode),
-            TransportKind.OBJECT_STORE: ObjectStoreTransport(launcher, pause_mode),
-            TransportKind.DISK: ExternalDiskTransport(model_path, pause_mode)}
 
 
 class WeightSync:

@@ -66,20 +66,27 @@ class Pool:
         import ray
         from ray.util.placement_group import placement_group
 
-        from relax.rollout.generator import SamplingSettings
-        from relax.rollout.manager import ManagerConfig, RolloutManager
+        from relax.rollout.manager import spawn_rollout_manager
+        from relax.rollout.settings import (
+            DataSettings,
+            DispatchSettings,
+            FleetSettings,
+            RolloutSettings,
+            SamplingSettings,
+            ScalingSettings,
+        )
 
         self.migrate = migrate
         self.baseline = placement_group([{"GPU": 1, "CPU": 1, "stable_gpu": 1, "stable_cpu": 1}], strategy="PACK")
         ray.get(self.baseline.ready(), timeout=60)
-        config = ManagerConfig(
-            model_path=str(preset.model_dir), prompt_data=str(preset.train_path), num_rollout=1,
-            rollout_batch_size=1, sampling=SamplingSettings(n_samples=1, max_new_tokens=8), apply_chat_template=True,
-            rm_type="tiny", max_engines=2, scale_out_timeout_s=120, scale_in_drain_timeout_s=30,
-            scale_in_shutdown_timeout_s=5, migrate_in_flight=migrate,
-        )
-        self.manager = ray.remote(RolloutManager).options(max_concurrency=1000, num_cpus=0,
-                                                          resources={"stable_cpu": 0.01}).remote(config)
+        self.manager = spawn_rollout_manager(RolloutSettings(
+            data=DataSettings(prompt_data=str(preset.train_path), num_rollout=1, rollout_batch_size=1,
+                              sampling=SamplingSettings(n_samples=1, max_new_tokens=8), apply_chat_template=True,
+                              rm_type="tiny"),
+            fleet=FleetSettings(model_path=str(preset.model_dir), drain_timeout_s=30, shutdown_timeout_s=5),
+            dispatch=DispatchSettings(migrate=migrate),
+            scaling=ScalingSettings(max_engines=2, scale_out_timeout_s=120),
+        ), resources={"stable_cpu": 0.01})
         began = time.monotonic()
         ray.get(self.manager.start_initial_engines.remote([(self.baseline, 0)]), timeout=180)
         self.startup_s = time.monotonic() - began

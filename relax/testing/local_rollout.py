@@ -21,9 +21,10 @@ from typing import Any
 from relax.config.flags import PartialSuccessPolicy
 from relax.rollout.control import RolloutControl
 from relax.rollout.events import EventLog, transition_recorder
-from relax.rollout.executor import ScaleExecutor, ScalingSettings
+from relax.rollout.executor import ScaleExecutor
 from relax.rollout.pool import EngineKind, EnginePool, EngineRecord, EngineState
 from relax.rollout.scaling import ScaleRequestRegistry
+from relax.rollout.settings import ScalingSettings
 
 _BRING_UP = (EngineState.STARTING, EngineState.HEALTH_CHECKING, EngineState.WEIGHT_SYNCING, EngineState.ACTIVE)
 

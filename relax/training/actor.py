@@ -42,14 +42,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from relax.logs import setup_logging
-from relax.training.batching import (
-    MicroBatch,
-    check_samples,
-    collate,
-    loss_denominator,
-    num_micro_batches,
-    split_evenly,
-)
+from relax.training.batching import MicroBatch, collate
 from relax.training.grpo import (
     LossAggregation,
     PolicyLossConfig,
@@ -65,6 +58,7 @@ from relax.training.precision import (
     resolve_precision,
 )
 from relax.training.sender import BROADCAST_BUCKET_BYTES, WeightSender
+from relax.training.sharding import check_samples, loss_denominator, num_micro_batches, split_evenly
 from relax.weights.flat_bucket import dtype_from_name
 from relax.weights.publication import WeightManifest
 

@@ -1,82 +1,18 @@
-"""How samples become micro-batches for a trainer rank (pure: tensors only, no distributed state).
+"""How a rank's shard of samples becomes padded micro-batch tensors (pure: tensors only, no distributed state).
 
-A global batch is split evenly over ranks (``split_evenly``); every rank runs the same number of
-micro-batches (``num_micro_batches``) so FSDP's collectives stay in step; the loss of each micro-batch is
-divided by the *global* ``loss_denominator`` so the partial losses add up to the loss of the whole batch.
+How the global batch is cut into shards, and the denominator every micro-batch's loss is divided by, are
+``training.sharding``'s (torch-free, so the rollout manager can cut it too).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 
-from relax.training.grpo import LossAggregation
-
-__all__ = ["MicroBatch", "check_samples", "collate", "loss_denominator", "num_micro_batches", "split_evenly"]
-
-T = TypeVar("T")
-
-
-def split_evenly(items: Sequence[T], n: int) -> list[list[T]]:
-    """``n`` contiguous chunks whose sizes differ by at most one (the first ones are longer)."""
-    if n < 1:
-        raise ValueError(f"n must be >= 1, got {n}")
-    q, r = divmod(len(items), n)
-    out, start = [], 0
-    for i in range(n):
-        end = start + q + (1 if i < r else 0)
-        out.append(list(items[start:end]))
-        start = end
-    return out
-
-
-def _num_loss_tokens(sample: Mapping[str, Any]) -> int:
-    mask = sample.get("loss_mask")
-    return len(sample["response_token_ids"]) if mask is None else int(sum(mask))
-
-
-def loss_denominator(samples: Sequence[Mapping[str, Any]], aggregation: LossAggregation) -> float:
-    """The count the whole batch's loss is divided by: what ``grpo.aggregate`` would use on one big batch."""
-    if aggregation is LossAggregation.TOKEN_MEAN:
-        count = sum(_num_loss_tokens(s) for s in samples)
-    else:
-        count = sum(1 for s in samples if _num_loss_tokens(s) > 0)
-    return float(max(count, 1))
-
-
-def check_samples(samples: Sequence[Mapping[str, Any]], *, need_advantages: bool = True,
-                  need_rollout_log_probs: bool = False) -> None:
-    """Raise ``ValueError`` for a sample the trainer cannot use, *before* it reaches the ranks.
-
-    A rank that rejects its shard mid-step leaves the other ranks waiting in a collective, which breaks
-    the group; the driver checks the whole batch first so bad input costs an exception, not the group.
-    """
-    for s in samples:
-        who = f"sample {s.get('group_id')}/{s.get('sample_index')}"
-        n = len(s["response_token_ids"])
-        if not s["prompt_token_ids"]:
-            raise ValueError(f"{who} has an empty prompt")
-        if need_advantages and s.get("advantage") is None:
-            raise ValueError(f"{who} has no advantage")
-        mask = s.get("loss_mask")
-        if mask is not None and len(mask) != n:
-            raise ValueError(f"{who}: loss_mask has {len(mask)} entries for {n} response tokens")
-        rollout = s.get("rollout_log_probs") or ()
-        if (need_rollout_log_probs or rollout) and len(rollout) != n:
-            raise ValueError(f"{who}: {len(rollout)} rollout log-probs for {n} response tokens"
-                             + (" (use_tis needs them)" if need_rollout_log_probs else ""))
-
-
-def num_micro_batches(shard_sizes: Sequence[int], micro_batch_size: int | None) -> int:
-    """Micro-batches every rank runs: enough for the largest shard (all ranks must run the same number)."""
-    largest = max(shard_sizes, default=0)
-    if micro_batch_size is None or largest == 0:
-        return 1
-    return math.ceil(largest / micro_batch_size)
+__all__ = ["MicroBatch", "collate"]
 
 
 @dataclass(frozen=True)

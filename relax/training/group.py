@@ -23,8 +23,14 @@ from pathlib import Path
 from typing import Any
 
 from relax.training.actor import SUM_METRICS, TrainerActor, TrainerConfig
-from relax.training.batching import check_samples, loss_denominator, num_micro_batches, split_evenly
-from relax.training.grpo import LossAggregation
+from relax.training.sharding import (
+    BatchPlan,
+    LossAggregation,
+    check_samples,
+    num_micro_batches,
+    shard_batch,
+    split_evenly,
+)
 from relax.weights.publication import WEIGHTS_CONCURRENCY_GROUP
 
 __all__ = ["TrainerGroup", "TrainerRankError", "TrainerTimeoutError", "reduce_rank_metrics"]
@@ -212,21 +218,28 @@ class TrainerGroup:
         driver-side time of the step. ``aggregation`` overrides the configured token/sample mean.
         """
         t0 = time.perf_counter()
-        dicts = [_as_dict(s) for s in samples]
-        if not dicts:
-            raise ValueError("train_step needs at least one sample")
-        check_samples(dicts, need_rollout_log_probs=self.config.use_tis)
-        agg = LossAggregation(aggregation) if aggregation is not None else self.config.aggregation
-        denominator = loss_denominator(dicts, agg)
-        shards = split_evenly(dicts, self.world_size)
-        n_mb = num_micro_batches([len(s) for s in shards], self.config.micro_batch_size)
-        per_rank = self._call_sharded("train_step", shards, denominator, num_micro_batches=n_mb,
-                                      aggregation=agg.value)
+        batch = shard_batch([_as_dict(s) for s in samples], self.batch_plan(),
+                            LossAggregation(aggregation) if aggregation is not None else None)
+        return self.train_sharded(batch.shards, batch.denominator, batch.num_micro_batches, batch.aggregation,
+                                  began=t0)
+
+    def batch_plan(self) -> BatchPlan:
+        """What whoever shards a global batch for this group must know (``batching.shard_batch``)."""
+        return BatchPlan(world_size=self.world_size, micro_batch_size=self.config.micro_batch_size,
+                         aggregation=self.config.aggregation, need_rollout_log_probs=self.config.use_tis)
+
+    def train_sharded(self, shards: Sequence[Any], denominator: float, num_micro_batches: int,
+                      aggregation: LossAggregation | str, *, began: float | None = None) -> dict[str, float]:
+        """One optimizer step on a batch already cut by ``batching.shard_batch``: one shard per rank, each a list
+        of sample dicts or a Ray object reference to one (the rank fetches it; the driver never holds it)."""
+        t0 = time.perf_counter() if began is None else began
+        per_rank = self._call_sharded("train_step", shards, denominator, num_micro_batches=num_micro_batches,
+                                      aggregation=LossAggregation(aggregation).value)
         metrics = reduce_rank_metrics(per_rank)
         metrics["wall_time_s"] = time.perf_counter() - t0
         logger.debug("trainer group: step %d, %d samples, loss %.5f, grad_norm %.4f, %.3fs",
-                    int(metrics.get("step", 0)), len(dicts), metrics.get("loss", 0.0), metrics.get("grad_norm", 0.0),
-                    metrics["wall_time_s"])
+                     int(metrics.get("step", 0)), int(metrics.get("num_samples", 0)), metrics.get("loss", 0.0),
+                     metrics.get("grad_norm", 0.0), metrics["wall_time_s"])
         return metrics
 
     def compute_log_probs(self, samples: Sequence[Any]) -> list[list[float]]:

@@ -22,9 +22,10 @@ secretly brings you off-policy RL training" (Yao et al., 2025).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
 
 import torch
+
+from relax.training.sharding import LossAggregation
 
 __all__ = [
     "LossAggregation",
@@ -84,11 +85,6 @@ def low_var_kl(log_probs: torch.Tensor, ref_log_probs: torch.Tensor) -> torch.Te
 
 # --------------------------------------------------------------------------------------------------
 # Aggregation
-
-
-class LossAggregation(str, Enum):
-    TOKEN_MEAN = "token_mean"  # every token of the batch weighs the same (--calculate-per-token-loss)
-    SAMPLE_MEAN = "sample_mean"  # mean over each sample's tokens, then mean over samples
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -14,8 +14,14 @@ from ray.util.placement_group import placement_group, placement_group_table, rem
 
 from relax.rollout.api import status_of
 from relax.rollout.api_models import InvalidBody, ScaleInBody, ScaleOutBody, parse_body
-from relax.rollout.generator import SamplingSettings
-from relax.rollout.manager import ManagerConfig, RolloutManager
+from relax.rollout.manager import spawn_rollout_manager
+from relax.rollout.settings import (
+    DataSettings,
+    FleetSettings,
+    RolloutSettings,
+    SamplingSettings,
+    ScalingSettings,
+)
 
 
 def wait_until(predicate, timeout: float = 60.0, what: str = "condition"):
@@ -36,13 +42,13 @@ def groups_by_name() -> dict[str, str]:
 def elastic(ray_cluster, tiny_preset):
     initial = placement_group([{"GPU": 1, "CPU": 1}], strategy="PACK", name="test-initial")
     ray.get(initial.ready(), timeout=60)
-    config = ManagerConfig(
-        model_path=str(tiny_preset.model_dir), prompt_data=str(tiny_preset.train_path), num_rollout=1,
-        rollout_batch_size=4, sampling=SamplingSettings(n_samples=2, max_new_tokens=8), max_staleness=0,
-        apply_chat_template=True, rm_type="tiny", max_engines=3, scale_out_timeout_s=60,
-        scale_in_drain_timeout_s=20, scale_in_shutdown_timeout_s=5,
-    )
-    manager = ray.remote(RolloutManager).options(max_concurrency=1000, num_cpus=0).remote(config)
+    manager = spawn_rollout_manager(RolloutSettings(
+        data=DataSettings(prompt_data=str(tiny_preset.train_path), num_rollout=1, rollout_batch_size=4,
+                          sampling=SamplingSettings(n_samples=2, max_new_tokens=8), max_staleness=0,
+                          apply_chat_template=True, rm_type="tiny"),
+        fleet=FleetSettings(model_path=str(tiny_preset.model_dir), drain_timeout_s=20, shutdown_timeout_s=5),
+        scaling=ScalingSettings(max_engines=3, scale_out_timeout_s=60),
+    ))
     try:
         ray.get(manager.start_initial_engines.remote([(initial, 0)]), timeout=180)
         yield manager

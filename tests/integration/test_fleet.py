@@ -18,14 +18,16 @@ import pytest
 from safetensors.torch import load_file
 
 from relax.engines.client import EngineClient
+from relax.rollout.assembly import build_fleet
 from relax.rollout.broadcast import ThreadWeightSource
 from relax.rollout.events import EventLog, transition_recorder
-from relax.rollout.executor import ScaleExecutor, ScalingSettings
-from relax.rollout.fleet import EngineFleet, FleetSettings
+from relax.rollout.executor import ScaleExecutor
+from relax.rollout.fleet import EngineFleet
 from relax.rollout.launcher import EngineSlot
 from relax.rollout.pool import EngineKind, EnginePool, EngineState
 from relax.rollout.router import Router
 from relax.rollout.scaling import ScaleInSpec, ScaleOutSpec
+from relax.rollout.settings import FleetSettings, ScalingSettings
 from relax.training.sender import WeightSender
 from relax.weights.publication import WeightRegistry
 
@@ -101,7 +103,7 @@ async def test_fleet_and_executor_run_without_a_cluster(start_engine, tiny_prese
     pool = EnginePool(time.time, on_transition=transition_recorder(events, lambda: weights.latest_version))
     router = Router()
     launcher = ProcessLauncher(start_engine, str(tiny_preset.model_dir))
-    fleet = EngineFleet(pool, router, events, weights, launcher,
+    fleet = build_fleet(pool, router, events, weights, launcher,
                         FleetSettings(model_path=str(tiny_preset.model_dir), request_timeout_s=60,
                                       health_timeout_s=60, drain_timeout_s=60, shutdown_timeout_s=5),
                         client_factory=lambda url, timeout, token: EngineClient(url, timeout=timeout, token=token))
@@ -190,7 +192,7 @@ async def test_a_joining_engine_whose_version_is_superseded_moves_on_to_the_newe
     events = EventLog()
     pool = EnginePool(time.time, on_transition=transition_recorder(events, lambda: weights.latest_version))
     launcher = ProcessLauncher(start_engine, str(tiny_preset.model_dir))
-    fleet = EngineFleet(pool, Router(), events, weights, launcher,
+    fleet = build_fleet(pool, Router(), events, weights, launcher,
                         FleetSettings(model_path=str(tiny_preset.model_dir), request_timeout_s=60,
                                       health_timeout_s=60, drain_timeout_s=60, shutdown_timeout_s=5),
                         client_factory=lambda url, timeout, token: EngineClient(url, timeout=timeout, token=token))

@@ -13,9 +13,15 @@ import pytest
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 
-from relax.rollout.generator import SamplingSettings
-from relax.rollout.manager import ManagerConfig, RolloutManager
+from relax.rollout.manager import spawn_rollout_manager
 from relax.rollout.scaling import ScaleOutSpec
+from relax.rollout.settings import (
+    DataSettings,
+    FleetSettings,
+    RolloutSettings,
+    SamplingSettings,
+    ScalingSettings,
+)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -30,12 +36,13 @@ def visible_gpus(pid: int) -> list[str]:
 def test_two_gpu_engines_see_two_gpus_initial_and_elastic(ray_cluster, tiny_preset) -> None:
     initial = placement_group([{"GPU": 2, "CPU": 1}], strategy="PACK", name="test-2gpu-initial")
     ray.get(initial.ready(), timeout=60)
-    config = ManagerConfig(
-        model_path=str(tiny_preset.model_dir), prompt_data=str(tiny_preset.train_path), num_rollout=1,
-        rollout_batch_size=2, sampling=SamplingSettings(n_samples=2, max_new_tokens=4), max_staleness=0,
-        apply_chat_template=True, rm_type="tiny", gpus_per_engine=2, max_engines=2, scale_out_timeout_s=120,
-    )
-    manager = ray.remote(RolloutManager).options(max_concurrency=1000, num_cpus=0).remote(config)
+    manager = spawn_rollout_manager(RolloutSettings(
+        data=DataSettings(prompt_data=str(tiny_preset.train_path), num_rollout=1, rollout_batch_size=2,
+                          sampling=SamplingSettings(n_samples=2, max_new_tokens=4), max_staleness=0,
+                          apply_chat_template=True, rm_type="tiny"),
+        fleet=FleetSettings(model_path=str(tiny_preset.model_dir), gpus_per_engine=2),
+        scaling=ScalingSettings(max_engines=2, scale_out_timeout_s=120),
+    ))
     try:
         (first,) = ray.get(manager.start_initial_engines.remote([(initial, 0)]), timeout=180)
         record = ray.get(manager.scale_out.remote(ScaleOutSpec(num_replicas=2)), timeout=60)

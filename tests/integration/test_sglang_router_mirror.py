@@ -25,10 +25,16 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 
 from relax.cluster.network import free_port, free_ports
-from relax.rollout.generator import SamplingSettings
-from relax.rollout.manager import ManagerConfig, RolloutManager
+from relax.rollout.manager import spawn_rollout_manager
 from relax.rollout.router_mirror import SGLangRouterMirror, canonical_url
 from relax.rollout.scaling import ScaleInSpec, ScaleOutSpec
+from relax.rollout.settings import (
+    DataSettings,
+    FleetSettings,
+    RolloutSettings,
+    SamplingSettings,
+    ScalingSettings,
+)
 
 pytest.importorskip("sglang_router", reason="sglang-router is a dev extra (pip install -e '.[dev]')")
 
@@ -100,14 +106,14 @@ def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RouterProcess]:
 def manager(ray_cluster, tiny_preset, router: RouterProcess):
     initial = placement_group([{"GPU": 1, "CPU": 1}], strategy="PACK", name="router-mirror-initial")
     ray.get(initial.ready(), timeout=60)
-    config = ManagerConfig(
-        model_path=str(tiny_preset.model_dir), prompt_data=str(tiny_preset.train_path), num_rollout=1,
-        rollout_batch_size=4, sampling=SamplingSettings(n_samples=2, max_new_tokens=8), max_staleness=0,
-        apply_chat_template=True, rm_type="tiny", max_engines=3, scale_out_timeout_s=60,
-        scale_in_drain_timeout_s=10, scale_in_shutdown_timeout_s=5,
-        engine_api_key=SECRET, sglang_router_url=router.url,
-    )
-    handle = ray.remote(RolloutManager).options(max_concurrency=1000, num_cpus=0).remote(config)
+    handle = spawn_rollout_manager(RolloutSettings(
+        data=DataSettings(prompt_data=str(tiny_preset.train_path), num_rollout=1, rollout_batch_size=4,
+                          sampling=SamplingSettings(n_samples=2, max_new_tokens=8), max_staleness=0,
+                          apply_chat_template=True, rm_type="tiny"),
+        fleet=FleetSettings(model_path=str(tiny_preset.model_dir), drain_timeout_s=10, shutdown_timeout_s=5,
+                            engine_api_key=SECRET, sglang_router_url=router.url),
+        scaling=ScalingSettings(max_engines=3, scale_out_timeout_s=60),
+    ))
     try:
         ray.get(handle.start_initial_engines.remote([(initial, 0)]), timeout=180)
         yield handle

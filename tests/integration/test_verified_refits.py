@@ -20,12 +20,14 @@ import pytest
 
 from relax.config.verify_weights import VerifyPolicy
 from relax.engines.client import EngineClient
+from relax.rollout.assembly import build_fleet
 from relax.rollout.broadcast import ThreadWeightSource
 from relax.rollout.events import EventLog, transition_recorder
-from relax.rollout.fleet import EngineFleet, FleetSettings
+from relax.rollout.fleet import EngineFleet
 from relax.rollout.pool import EnginePool, EngineState
 from relax.rollout.refit import VerifyResult
 from relax.rollout.router import Router
+from relax.rollout.settings import FleetSettings
 from relax.training.sender import WeightSender
 from relax.weights.digest import layout_checksums, version_digest
 from relax.weights.publication import WeightRegistry
@@ -97,7 +99,7 @@ async def two_engines(start_engine, model_dir: str, policy: VerifyPolicy) -> Asy
     events = EventLog()
     pool = EnginePool(time.time, on_transition=transition_recorder(events, lambda: weights.latest_version))
     launcher = ProcessLauncher(start_engine, model_dir)
-    fleet = EngineFleet(pool, Router(), events, weights, launcher,
+    fleet = build_fleet(pool, Router(), events, weights, launcher,
                         FleetSettings(model_path=model_dir, request_timeout_s=60, health_timeout_s=60,
                                       drain_timeout_s=30, shutdown_timeout_s=5, verify_weights=policy),
                         client_factory=lambda url, timeout, keys: WatchedClient(url, timeout=timeout, token=keys))

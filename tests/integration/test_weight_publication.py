@@ -17,8 +17,8 @@ import pytest
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 
-from relax.rollout.generator import SamplingSettings
-from relax.rollout.manager import ManagerConfig, RolloutManager
+from relax.rollout.manager import spawn_rollout_manager
+from relax.rollout.settings import DataSettings, FleetSettings, RolloutSettings, SamplingSettings
 from relax.training.actor import TrainerConfig
 from relax.training.group import TrainerGroup
 from relax.training.publisher import publish as publish_version
@@ -35,12 +35,12 @@ def stack(ray_cluster, tiny_preset):
     bundle = {"GPU": 1, "CPU": 1}
     groups = [placement_group([bundle], strategy="PACK") for _ in range(3)]
     ray.get([g.ready() for g in groups], timeout=60)
-    config = ManagerConfig(
-        model_path=str(tiny_preset.model_dir), prompt_data=str(tiny_preset.train_path), num_rollout=1,
-        rollout_batch_size=4, sampling=SamplingSettings(n_samples=4, max_new_tokens=8), max_staleness=0,
-        apply_chat_template=True, rm_type="tiny",
-    )
-    manager = ray.remote(RolloutManager).options(max_concurrency=1000, num_cpus=0).remote(config)
+    manager = spawn_rollout_manager(RolloutSettings(
+        data=DataSettings(prompt_data=str(tiny_preset.train_path), num_rollout=1, rollout_batch_size=4,
+                          sampling=SamplingSettings(n_samples=4, max_new_tokens=8), max_staleness=0,
+                          apply_chat_template=True, rm_type="tiny"),
+        fleet=FleetSettings(model_path=str(tiny_preset.model_dir)),
+    ))
     trainer = None
     try:
         ray.get(manager.start_initial_engines.remote([(groups[1], 0), (groups[2], 0)]), timeout=180)

@@ -19,12 +19,13 @@ import torch
 from safetensors.torch import load_file
 
 from relax.engines.keys import engine_keys
-from relax.rollout.broadcast import BroadcastSettings, ThreadWeightSource
+from relax.rollout.assembly import build_fleet
+from relax.rollout.broadcast import ThreadWeightSource
 from relax.rollout.events import EventLog
-from relax.rollout.fleet import EngineFleet, FleetSettings
 from relax.rollout.launcher import EngineSlot
 from relax.rollout.pool import EnginePool, EngineState
 from relax.rollout.router import Router
+from relax.rollout.settings import BroadcastSettings, FleetSettings
 from relax.training.sender import WeightSender
 from relax.weights.digest import checksum_mismatches, sglang_checksums
 from relax.weights.publication import WeightRegistry
@@ -80,7 +81,7 @@ async def test_a_session_cut_short_fails_the_engine_instead_of_serving_it(tiny_p
     sender = WeightSender("127.0.0.1")
     pool = EnginePool(time.time)
     states: list[EngineState] = []
-    fleet = EngineFleet(pool, Router(), EventLog(), WeightRegistry(), RealEngineLauncher(server.url),
+    fleet = build_fleet(pool, Router(), EventLog(), WeightRegistry(), RealEngineLauncher(server.url),
                         FleetSettings(engine_api_key=SECRET, broadcast=BroadcastSettings(backend="gloo",
                                                                                           timeout_s=10.0)),
                         on_change=lambda: states.append(pool.get("engine_0").state))

@@ -20,12 +20,13 @@ from safetensors.torch import load_file
 
 from relax.config.verify_weights import VerifyPolicy
 from relax.engines.keys import EngineKeys
-from relax.rollout.broadcast import BroadcastSettings, ThreadWeightSource
+from relax.rollout.assembly import build_fleet
+from relax.rollout.broadcast import ThreadWeightSource
 from relax.rollout.events import EventLog
-from relax.rollout.fleet import EngineFleet, FleetSettings
 from relax.rollout.pool import EnginePool, EngineState
 from relax.rollout.refit import VerifyResult
 from relax.rollout.router import Router
+from relax.rollout.settings import BroadcastSettings, FleetSettings
 from relax.training.sender import WeightSender
 from relax.weights.digest import sglang_checksums, version_digest
 from relax.weights.publication import WeightRegistry
@@ -53,7 +54,7 @@ async def test_the_real_engine_is_verified_and_weights_changed_behind_relax_are_
     sender = WeightSender("127.0.0.1")
     pool = EnginePool(time.time)
     events = EventLog()
-    fleet = EngineFleet(pool, Router(), events, WeightRegistry(), RealEngineLauncher(server.url),
+    fleet = build_fleet(pool, Router(), events, WeightRegistry(), RealEngineLauncher(server.url),
                         FleetSettings(engine_api_key=SHARED_ENGINE_SECRET, verify_weights=VerifyPolicy.FIRST,
                                       broadcast=BroadcastSettings(backend="gloo", timeout_s=60.0)))
     try:

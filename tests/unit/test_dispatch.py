@@ -17,9 +17,10 @@ import pytest
 from relax.engines.client import EngineUnavailable
 from relax.engines.event_stream import EventStream
 from relax.rollout.dispatch import MAX_CHUNKS, Action, RequestJourney, stream_interval
-from relax.rollout.dispatcher import Dispatcher, DispatchSettings, SampleLostError
+from relax.rollout.dispatcher import Dispatcher, SampleLostError
 from relax.rollout.pool import EngineKind, EnginePool, EngineState
 from relax.rollout.router import FailureKind, RetryPolicy, Router
+from relax.rollout.settings import DispatchSettings
 
 PROMPT = [10, 11, 12]
 EOS = 2
@@ -180,7 +181,6 @@ class FakeFleet:
     def __init__(self, clients: dict[str, ScriptedClient]) -> None:
         self.clients = clients
         self.routable = asyncio.Event()
-        self.weight_sync = self
         self.failed: list[str] = []
         self.released: list[str] = []
         self.syncing: dict[str, asyncio.Event] = {}
@@ -209,8 +209,9 @@ def make(clients: dict[str, ScriptedClient], **settings: Any) -> tuple[Dispatche
     for engine_id in clients:
         router.add(engine_id)
     d = Dispatcher(router, pool, fleet, RetryPolicy(4),
-                   DispatchSettings(eos_ids=frozenset({EOS}), stream_min_tokens=0, **settings))
-    pool._on_transition = d.on_transition  # the manager composes it the same way
+                   DispatchSettings(eos_ids=frozenset({EOS}), stream_min_tokens=0, **settings),
+                   sync=fleet)  # the fake fleet is also the weight sync's gate
+    pool._on_transition = d.on_transition  # rollout.assembly composes it the same way
     return d, router, fleet
 
 

@@ -15,11 +15,12 @@ from fastapi import FastAPI, Request
 
 from relax.engines.keys import engine_keys
 from relax.engines.sglang import external_engine_key
+from relax.rollout.assembly import build_fleet
 from relax.rollout.events import EventLog
-from relax.rollout.fleet import EngineFleet, FleetSettings
 from relax.rollout.launcher import EngineSlot
 from relax.rollout.pool import EngineKind, EnginePool, EngineState
 from relax.rollout.router import Router
+from relax.rollout.settings import FleetSettings
 from relax.weights.publication import WeightRegistry
 from tests.loopback import LoopbackServer
 
@@ -69,7 +70,7 @@ async def test_an_attached_engine_never_receives_the_runs_secret(external_key: s
     ext_app, ext_seen = recording_engine()
     with LoopbackServer(own_app, name="own-engine") as own, LoopbackServer(ext_app, name="external-engine") as ext:
         pool = EnginePool(time.time)
-        fleet = EngineFleet(pool, Router(), EventLog(), WeightRegistry(), OwnLauncher(own.url),
+        fleet = build_fleet(pool, Router(), EventLog(), WeightRegistry(), OwnLauncher(own.url),
                             FleetSettings(engine_api_key=SECRET, external_engine_api_key=external_key))
         try:
             await fleet.start_initial([("group", 0)])

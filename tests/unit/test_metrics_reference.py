@@ -2,7 +2,7 @@
 
 The emitted names are collected from the code that emits them, not from a list kept beside it:
 
-* ``metrics.jsonl`` / TensorBoard: the rollout step's keys from ``manager._rollout_metrics`` on a tiny prompt
+* ``metrics.jsonl`` / TensorBoard: the rollout step's keys from ``generation_loop.rollout_metrics`` on a tiny prompt
   group, the staleness keys from ``StalenessStats.to_metrics``, the evaluation keys from ``EvalReport.to_metrics``;
   the driver's own keys (``_train_one``'s ``row``, ``_evaluate``'s) and the trainer's (``policy_loss``'s metrics,
   ``TrainerActor.train_step``'s and ``TrainerGroup.train_step``'s additions) are read from the source with
@@ -32,7 +32,7 @@ from relax.autoscaler import metrics as autoscaler_metrics
 from relax.data.buffer import StalenessStats
 from relax.data.sample import PromptGroup, Sample
 from relax.engines.builtin.metrics import EngineMetrics, LoadSnapshot
-from relax.rollout.manager import _rollout_metrics, _StepStats
+from relax.rollout.generation_loop import StepTimes, rollout_metrics
 from relax.rollout.pool import EngineState
 from relax.rollout.relax_metrics import COUNTERS, GAUGES, render_metrics
 from relax.training.evaluation import EvalReport
@@ -74,10 +74,10 @@ def _written_keys(func: ast.AST, var: str) -> set[str]:
 
 
 def trainer_keys() -> set[str]:
-    """``TrainerGroup.train_step``'s metrics: the loss's, the actor's additions, the group's wall time."""
+    """``TrainerGroup.train_sharded``'s metrics: the loss's, the actor's additions, the group's wall time."""
     keys = _written_keys(_function(ROOT / "relax/training/grpo.py", "policy_loss"), "metrics")
     keys |= _written_keys(_function(ROOT / "relax/training/actor.py", "train_step", "TrainerActor"), "out")
-    keys |= _written_keys(_function(ROOT / "relax/training/group.py", "train_step", "TrainerGroup"), "metrics")
+    keys |= _written_keys(_function(ROOT / "relax/training/group.py", "train_sharded", "TrainerGroup"), "metrics")
     return keys
 
 
@@ -93,7 +93,7 @@ def step_keys() -> frozenset[str]:
     evaluate = _function(ROOT / "relax/entrypoints/train.py", "_evaluate", "Driver")
     keys = {"step", "kind", RUN_SECONDS}
     keys |= _written_keys(train, "row") | _written_keys(evaluate, "row")
-    keys |= set(_rollout_metrics([PromptGroup("g", 0, 0, (_sample(0), _sample(1)))], _StepStats(started=0.0,
+    keys |= set(rollout_metrics([PromptGroup("g", 0, 0, (_sample(0), _sample(1)))], StepTimes(started=0.0,
                                                                                                   finished=1.0)))
     keys |= set(StalenessStats(2, 0.5, 0, 1, {0: 1, 1: 1}).to_metrics())
     keys |= {f"train/{k}" for k in trainer_keys()}

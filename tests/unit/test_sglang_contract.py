@@ -29,7 +29,7 @@ from packaging.specifiers import SpecifierSet
 import relax.engines.client as engine_client
 from relax.engines import sglang
 from relax.engines.client import EngineClient
-from relax.rollout.generator import SamplingSettings
+from relax.rollout.settings import SamplingSettings
 from tests.loopback import LoopbackServer
 
 REPO = Path(__file__).resolve().parents[2]

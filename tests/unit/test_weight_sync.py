@@ -14,11 +14,12 @@ from typing import Any
 import pytest
 
 from relax.rollout import fleet as fleet_module
+from relax.rollout.assembly import build_fleet
 from relax.rollout.events import EventLog
-from relax.rollout.fleet import EngineFleet, FleetSettings
 from relax.rollout.launcher import EngineSlot
 from relax.rollout.pool import EngineKind, EnginePool, EngineState
 from relax.rollout.router import Router
+from relax.rollout.settings import FleetSettings
 from relax.rollout.weight_sync import WeightSync, engines_behind
 from relax.rollout.weight_transport import TransportKind, VersionSuperseded, choose_transport
 from relax.weights.pause_mode import PauseMode
@@ -227,7 +228,7 @@ async def test_the_fleet_does_not_health_probe_a_syncing_engine(monkeypatch: pyt
     client, transport = ProbedClient(), FakeTransport()
     registry = WeightRegistry()
     pool = EnginePool(time.time)
-    fleet = EngineFleet(pool, Router(), EventLog(), registry, StubLauncher(), FleetSettings(),
+    fleet = build_fleet(pool, Router(), EventLog(), registry, StubLauncher(), FleetSettings(),
                         client_factory=lambda url, timeout, token: client,
                         transports={kind: transport for kind in TransportKind})
     try:

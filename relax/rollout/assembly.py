@@ -1,0 +1,174 @@
+"""The rollout, assembled once: the parts of the rollout and how they are wired, with no Ray in sight.
+
+:func:`build_rollout` is the composition root. It takes the settings (``rollout.settings``), a launcher (where
+engines run: Ray's in a run, a fake in a unit test), a tokenizer and, optionally, the HTTP client factory and
+weight transports, and wires:
+
+* the engine states (``rollout.pool``) whose transitions are recorded as events and told to the dispatcher;
+* the ``WeightSync`` and the ``EngineFleet`` as siblings: the fleet brings engines up through their first sync
+  and fails the ones whose load fails, the sync reaches engines through the fleet's clients;
+* the dispatcher (``rollout.dispatcher``), which holds a request while its engine loads weights;
+* the scale executor and the control API (``rollout.executor``, ``rollout.control``);
+* the generation loop (``rollout.generation_loop``) that fills the buffer through the dispatcher.
+
+``rollout.manager.RolloutManager`` is only the Ray face over what this returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from relax.rollout.broadcast import BroadcastTransport
+from relax.rollout.control import RolloutControl
+from relax.rollout.disk_transports import ExternalDiskTransport, ObjectStoreTransport
+from relax.rollout.dispatcher import Dispatcher
+from relax.rollout.events import EventKind, EventLog, transition_recorder
+from relax.rollout.executor import ScaleExecutor
+from relax.rollout.fleet import EngineFleet, EngineHTTP
+from relax.rollout.generation_loop import GenerationLoop
+from relax.rollout.launcher import EngineLauncher
+from relax.rollout.pool import EnginePool, EngineRecord, EngineState
+from relax.rollout.refit import Verification, VerifyResult
+from relax.rollout.router import RetryPolicy, Router
+from relax.rollout.settings import FleetSettings, RolloutSettings
+from relax.rollout.weight_sync import WeightSync
+from relax.rollout.weight_transport import TransportKind, WeightTransport
+from relax.weights.publication import WeightRegistry
+
+ClientFactory = Callable[[str, float, Any], EngineHTTP]
+
+
+@dataclass
+class Rollout:
+    """The rollout's parts, wired; the Ray face and the unit tests hold one of these."""
+
+    settings: RolloutSettings
+    events: EventLog
+    weights: WeightRegistry
+    pool: EnginePool
+    router: Router
+    weight_sync: WeightSync
+    fleet: EngineFleet
+    dispatcher: Dispatcher
+    executor: ScaleExecutor
+    loop: GenerationLoop
+    control: RolloutControl
+
+    async def aclose(self) -> None:
+        """Stop generation, every scale request, every engine and background task."""
+        await self.loop.aclose()
+        await self.executor.aclose()
+        await self.fleet.shutdown()
+
+
+def standard_transports(launcher: EngineLauncher, settings: FleetSettings) -> dict[TransportKind, WeightTransport]:
+    """One transport per path (``rollout.weight_transport``), all pausing the engine the same way."""
+    pause = settings.weight_sync_pause_mode
+    return {TransportKind.BROADCAST: BroadcastTransport(settings.broadcast, pause),
+            TransportKind.OBJECT_STORE: ObjectStoreTransport(launcher, pause),
+            TransportKind.DISK: ExternalDiskTransport(settings.model_path, pause)}
+
+
+def max_context(model_path: str) -> int | None:
+    """The engines' context length (one model everywhere): what a migrated prefix must fit."""
+    try:
+        value = json.loads((Path(model_path) / "config.json").read_text()).get("max_position_embeddings")
+        return int(value) if value else None
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def build_fleet(
+    pool: EnginePool,
+    router: Router,
+    events: EventLog,
+    weights: WeightRegistry,
+    launcher: EngineLauncher,
+    settings: FleetSettings,
+    *,
+    client_factory: ClientFactory | None = None,
+    transports: Mapping[TransportKind, WeightTransport] | None = None,
+    on_change: Callable[[], None] = lambda: None,
+    drain_notices: Callable[[], Mapping[str, int] | None] | None = None,
+) -> EngineFleet:
+    """The engine fleet and its sibling ``WeightSync`` (``fleet.weight_sync``), wired to each other: the sync
+    reaches engines through the fleet's clients and fails the engines whose load fails; the fleet brings engines
+    up through their first sync. Weight mismatches are recorded as events."""
+    fleet: EngineFleet | None = None
+
+    def client(engine_id: str) -> Any:
+        assert fleet is not None
+        return fleet.client(engine_id)
+
+    async def failed_load(engine_id: str, exc: BaseException) -> None:
+        assert fleet is not None
+        await fleet.on_engine_failure(engine_id, exc, confirmed=True)
+
+    def on_verification(outcome: Verification) -> None:
+        """Every mismatch is an event (the metric counts every check, by result)."""
+        if outcome.result is VerifyResult.MISMATCH:
+            events.append(EventKind.WEIGHTS_MISMATCH, outcome.describe(), engine_ids=outcome.engine_id,
+                          details=outcome.to_dict())
+
+    weight_sync = WeightSync(pool, weights, transports or standard_transports(launcher, settings), client,
+                             on_failure=failed_load, on_change=on_change, verify=settings.verify_weights,
+                             on_verification=on_verification)
+    fleet = EngineFleet(pool, router, events, weights, launcher, settings, weight_sync,
+                        client_factory=client_factory, on_change=on_change, drain_notices=drain_notices)
+    return fleet
+
+
+def build_rollout(
+    settings: RolloutSettings,
+    launcher: EngineLauncher,
+    tokenizer: Any,
+    *,
+    client_factory: ClientFactory | None = None,
+    transports: Mapping[TransportKind, WeightTransport] | None = None,
+    drain_notices: Callable[[], Mapping[str, int] | None] | None = None,
+    run_status: Callable[[], Mapping[str, Any]] = dict,
+    clock: Callable[[], float] = time.time,
+) -> Rollout:
+    """Wire the rollout's parts from ``settings`` (see the module's docstring for what talks to what)."""
+    events = EventLog(clock)
+    weights = WeightRegistry()
+    changed = asyncio.Event()  # engines, weights or the buffer changed: the staleness gate may open
+    record = transition_recorder(events, lambda: weights.latest_version)
+    dispatcher: Dispatcher | None = None
+
+    def on_transition(rec: EngineRecord, src: EngineState, dst: EngineState) -> None:
+        record(rec, src, dst)
+        if dispatcher is not None:
+            dispatcher.on_transition(rec, src, dst)
+
+    pool = EnginePool(clock, on_transition=on_transition)
+    router = Router()
+    fleet_settings = settings.fleet
+    fleet = build_fleet(pool, router, events, weights, launcher, fleet_settings, client_factory=client_factory,
+                        transports=transports, on_change=changed.set, drain_notices=drain_notices)
+    weight_sync = fleet.weight_sync
+    eos = getattr(tokenizer, "eos_token_id", None)
+    dispatch = replace(settings.dispatch, eos_ids=frozenset() if eos is None else frozenset({int(eos)}),
+                       max_context=max_context(fleet_settings.model_path))
+    dispatcher = Dispatcher(router, pool, fleet, RetryPolicy(max_attempts=dispatch.max_attempts), dispatch,
+                            sync=weight_sync)
+    executor = ScaleExecutor(pool, fleet, events, settings.scaling, drain_timeout_s=fleet_settings.drain_timeout_s,
+                             on_change=changed.set)
+    loop = GenerationLoop(settings.data, tokenizer, dispatcher, end_group=router.end_group,
+                          engine_version=fleet.engine_version, state_changed=changed)
+
+    async def verify(engine_id: str) -> Mapping[str, Any]:
+        return (await fleet.verify_engine(engine_id)).to_dict()
+
+    verify_fn: Callable[[str], Awaitable[Mapping[str, Any]]] = verify
+    control = RolloutControl(pool, executor, events, in_flight=router.in_flight, run_status=run_status,
+                             joins=fleet.joins, verify=verify_fn)
+    return Rollout(settings=settings, events=events, weights=weights, pool=pool, router=router,
+                   weight_sync=weight_sync, fleet=fleet, dispatcher=dispatcher, executor=executor, loop=loop,
+                   control=control)

@@ -1,0 +1,159 @@
+"""The whole rollout built without Ray (``rollout.assembly.build_rollout``): fake launcher, clients and transport.
+
+What the Ray actor does in a run, in milliseconds: initial engines come up, the generation loop fills a step's
+partition through the dispatcher, a publication reaches every engine, and an engine whose process dies
+mid-generation is failed while its requests finish on the other one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from relax.engines.client import EngineUnavailable
+from relax.rollout.assembly import Rollout, build_rollout
+from relax.rollout.launcher import EngineSlot
+from relax.rollout.pool import EngineState
+from relax.rollout.settings import DataSettings, DispatchSettings, FleetSettings, RolloutSettings, SamplingSettings
+from relax.rollout.weight_transport import TransportKind
+from relax.weights.publication import WeightManifest
+
+EOS = 0
+
+
+class Tokenizer:
+    eos_token_id = EOS
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [ord(c) for c in text]
+
+
+class Launcher:
+    """Engines "start" at once; ``dead`` ones report their process gone."""
+
+    def __init__(self) -> None:
+        self.started: list[str] = []
+        self.dead: set[str] = set()
+
+    async def start(self, engine_id: str, slot: EngineSlot, initial_weights: Any = None) -> dict[str, Any]:
+        self.started.append(engine_id)
+        return {"url": f"http://{engine_id}", "node_id": "node-1"}
+
+    async def is_alive(self, engine_id: str, timeout_s: float) -> bool:
+        return engine_id not in self.dead
+
+    async def stop(self, engine_id: str, grace_s: float) -> None:
+        return None
+
+    def release(self, slot: EngineSlot) -> None:
+        return None
+
+    def engine_ids(self) -> list[str]:
+        return list(self.started)
+
+
+class Client:
+    """An engine's HTTP face: answers 3 tokens; with ``hold`` set, requests wait for it to be released and then
+    find the connection reset if the engine is dead by then."""
+
+    def __init__(self, engine_id: str, launcher: Launcher) -> None:
+        self.engine_id, self.launcher = engine_id, launcher
+        self.hold: asyncio.Event | None = None
+        self.holding = asyncio.Event()
+
+    async def generate(self, **kwargs: Any) -> dict[str, Any]:
+        if self.hold is not None:
+            self.holding.set()
+            await self.hold.wait()
+        if self.engine_id in self.launcher.dead:
+            raise EngineUnavailable("connection reset", url=f"http://{self.engine_id}", endpoint="/generate")
+        ids = [5, 6, 7]
+        return {"text": "abc", "output_ids": ids,
+                "meta_info": {"finish_reason": {"type": "length"}, "completion_tokens": 3, "weight_version": "0",
+                              "output_token_logprobs": [[-0.1, t, None] for t in ids]}}
+
+    async def health_generate(self, *, timeout: float | None = None) -> None:
+        return None
+
+    async def is_healthy(self, *, generate: bool = False, timeout: float | None = None) -> bool:
+        return self.engine_id not in self.launcher.dead
+
+    async def abort_request(self, rid: str | None = None, *, abort_all: bool = False) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        return None
+
+
+class Transport:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, int]] = []
+
+    async def send(self, engine_id: str, client: Any, latest: Any, check: Any = None, *,
+                   verify_only: bool = False) -> dict[str, Any]:
+        self.sent.append((engine_id, latest.version))
+        return {"paused_s": 0.0}
+
+    async def forget(self, engine_id: str, client: Any | None) -> None:
+        return None
+
+
+def build(tmp_path: Path) -> tuple[Rollout, Launcher, dict[str, Client], Transport]:
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"q{i}", "label": "abc"}) + "\n" for i in range(4)))
+    settings = RolloutSettings(
+        data=DataSettings(prompt_data=str(prompts), num_rollout=3, rollout_batch_size=2, max_staleness=0,
+                          sampling=SamplingSettings(n_samples=2, max_new_tokens=3)),
+        fleet=FleetSettings(model_path=str(tmp_path)),
+        dispatch=DispatchSettings(stream=False),
+    )
+    launcher, clients, transport = Launcher(), {}, Transport()
+
+    def client_factory(url: str, timeout_s: float, keys: Any) -> Client:
+        engine_id = url.removeprefix("http://")
+        clients[engine_id] = Client(engine_id, launcher)
+        return clients[engine_id]
+
+    rollout = build_rollout(settings, launcher, Tokenizer(), client_factory=client_factory,
+                            transports={kind: transport for kind in TransportKind})
+    return rollout, launcher, clients, transport
+
+
+async def publish(rollout: Rollout, version: int) -> None:
+    rollout.weight_sync.publish(version, ["bucket"], WeightManifest(version, ("w",), ((4,),), ("float32",), 16, (1,)))
+    await rollout.weight_sync.settle()
+    assert {r.weight_version for r in rollout.pool.active()} == {version}
+
+
+@pytest.mark.timeout(20)
+async def test_the_rollout_generates_publishes_and_survives_a_dead_engine_without_ray(tmp_path: Path) -> None:
+    rollout, launcher, clients, transport = build(tmp_path)
+    try:
+        engines = await rollout.fleet.start_initial([(None, 0), (None, 1)])
+        assert [e["status"] for e in engines] == ["ACTIVE", "ACTIVE"]
+
+        rollout.loop.start()
+        first = await rollout.loop.take(0, timeout=5)
+        assert len(first.samples) == 4 and first.metrics["rollout/samples"] == 4.0
+        assert {(s.prompt_index, s.sample_index) for s in first.samples} == {(p, i) for p in (0, 1) for i in (0, 1)}
+
+        victim = clients["engine_0"]  # step 1's requests on it are held mid-generation, then its process dies
+        victim.hold = asyncio.Event()
+        await publish(rollout, 1)  # on-policy (--max-staleness 0): step 1 starts once every engine holds v1
+        assert sorted(transport.sent) == [("engine_0", 1), ("engine_1", 1)]
+        await asyncio.wait_for(victim.holding.wait(), 5)
+        launcher.dead.add("engine_0")
+        victim.hold.set()
+        later = [await rollout.loop.take(1, timeout=5)]
+        await publish(rollout, 2)
+        later.append(await rollout.loop.take(2, timeout=5))
+        assert rollout.pool.get("engine_0").state is EngineState.FAILED
+        assert [len(p.samples) for p in later] == [4, 4]  # nothing lost: the held requests ran elsewhere
+        assert all(s.engine_id != "engine_0" for p in later for s in p.samples)
+        assert rollout.router.total_in_flight() == 0
+    finally:
+        await rollout.aclose()
