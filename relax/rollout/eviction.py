@@ -1,4 +1,8 @@
-"""Evictions from Ray's drain notices: which engines must leave, with how much time (pure).
+"""Evictions: which engines must leave because the platform takes their node back, with how much time (pure).
+
+Two notices mean the same thing and are planned here alike: Ray's drain notice for a node, and a SIGTERM that
+reached an engine's actor (:func:`plan_notice`). The fleet carries out either the same way
+(``EngineFleet.evict``): out of routing, in-flight work finished or migrated within the budget, then removed.
 
 The manager's drain watcher reads the draining nodes about once a second (``relax.cluster.drain``), and
 this module turns them into evictions: every engine on a draining node that is not leaving yet gets one,
@@ -12,8 +16,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from enum import Enum
 
-__all__ = ["Eviction", "EvictionSettings", "plan_evictions"]
+__all__ = ["Eviction", "EvictionSettings", "Notice", "plan_evictions", "plan_notice"]
+
+
+class Notice(str, Enum):
+    """How the platform said the engine must go."""
+
+    NODE_DRAINING = "node draining"  # Ray's drain notice for the engine's node (autoscaler, preemption)
+    SIGTERM = "SIGTERM"  # the engine's actor was sent SIGTERM (Ray's graceful termination of the worker)
 
 
 @dataclass(frozen=True)
@@ -28,6 +40,23 @@ class Eviction:
     node_id: str
     budget_s: float  # time to finish or migrate in-flight work before the engine is stopped
     deadline_ms: int  # 0: none given
+    notice: Notice = Notice.NODE_DRAINING
+
+    def describe(self, now_ms: int) -> str:
+        """The event's line: the notice, its deadline, and the time the engine has."""
+        if self.notice is Notice.SIGTERM:
+            said = "SIGTERM received"
+        else:
+            deadline = (f"deadline in {max(0.0, (self.deadline_ms - now_ms) / 1000):.0f}s" if self.deadline_ms
+                        else "no deadline given")
+            said = f"node {self.node_id[:12]} draining ({deadline})"
+        return f"{said}: {self.budget_s:.0f}s to finish or migrate in-flight requests"
+
+
+def plan_notice(engine_id: str, node_id: str | None, drain_timeout_s: float) -> Eviction:
+    """A SIGTERM that reached the engine's actor: the same eviction as a drain notice without a deadline, with the
+    run's drain timeout (``--scale-in-drain-timeout``) as its budget."""
+    return Eviction(engine_id, node_id or "", max(0.0, drain_timeout_s), 0, Notice.SIGTERM)
 
 
 def plan_evictions(draining: Mapping[str, int], engines_by_node: Mapping[str, Iterable[str]], now_ms: int,

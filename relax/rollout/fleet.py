@@ -36,7 +36,7 @@ from relax.engines.client import EngineClient, EngineError
 from relax.engines.keys import EngineKeys, engine_keys
 from relax.logs import failure_cause
 from relax.rollout.events import EventKind, EventLog
-from relax.rollout.eviction import Eviction, plan_evictions
+from relax.rollout.eviction import Eviction, plan_evictions, plan_notice
 from relax.rollout.joins import JoinLog
 from relax.rollout.launcher import EngineLauncher, EngineSlot
 from relax.rollout.pool import EngineKind, EnginePool, EngineState
@@ -451,39 +451,31 @@ class EngineFleet:
                            "the pool runs one initial engine short", engine_ids=engine_id)
 
     async def notify_eviction(self, engine_id: str) -> None:
-        """SIGTERM reached an EngineActor (node reclaimed): drain within the grace period, then remove."""
-        if engine_id not in self.pool or self.pool.get(engine_id).state.terminal:
-            return
-        record = self.pool.get(engine_id)
-        self.events.append(EventKind.ENGINE_EVICTED, "SIGTERM received: draining", engine_ids=engine_id)
-        log.warning("%s evicted (SIGTERM): draining for up to %.0fs", engine_id, self.settings.drain_timeout_s)
-        if record.state is EngineState.DRAINING:  # already leaving (scale-in): that path finishes the job
-            return
-        slot = self._slots.get(engine_id)
-        aborted = await self.retire(engine_id, force=False, drain_timeout_s=self.settings.drain_timeout_s,
-                                    reason="evicted")
-        self.events.append(EventKind.ENGINE_STATE, f"evicted engine removed ({aborted} request(s) retried)",
-                           engine_ids=engine_id)
-        await self._replace_initial(engine_id, slot, "evicted")
+        """SIGTERM reached an EngineActor (node reclaimed): an eviction like a drain notice's (:meth:`evict`),
+        with the drain timeout as its budget."""
+        if engine_id in self.pool:
+            await self.evict(plan_notice(engine_id, self.pool.get(engine_id).node_id, self.settings.drain_timeout_s))
 
     async def evict(self, eviction: Eviction) -> None:
-        """A drain notice for the engine's node: out of routing now, in-flight work finished or migrated within
-        the budget, then the server stopped and the group removed, all before the node's deadline."""
+        """The platform takes the engine's node back (``rollout.eviction``: a drain notice or a SIGTERM): out of
+        routing now, in-flight work finished or migrated within the budget, then the server stopped and the group
+        removed, all before the node's deadline; an initial engine is then replaced in its own bundle."""
         engine_id = eviction.engine_id
-        if engine_id not in self.pool or self.pool.get(engine_id).state is not EngineState.ACTIVE:
+        if engine_id not in self.pool:
+            return
+        state = self.pool.get(engine_id).state
+        if state.terminal or state is EngineState.DRAINING:  # already leaving (scale-in): that path finishes it
             return
         noticed = time.monotonic()
-        deadline = (f"deadline in {max(0.0, eviction.deadline_ms / 1000 - time.time()):.0f}s"
-                    if eviction.deadline_ms else "no deadline given")
-        self.events.append(EventKind.ENGINE_EVICTED, f"node {eviction.node_id[:12]} draining ({deadline}): "
-                           f"{eviction.budget_s:.0f}s to finish or migrate in-flight requests", engine_ids=engine_id)
-        log.warning("%s evicted (node %s draining, %s): %.1fs to finish or migrate its requests", engine_id,
-                    eviction.node_id[:12], deadline, eviction.budget_s)
+        said = eviction.describe(int(time.time() * 1000))
+        self.events.append(EventKind.ENGINE_EVICTED, said, engine_ids=engine_id)
+        log.warning("%s evicted: %s", engine_id, said)
         slot = self._slots.get(engine_id)
         aborted = await self.retire(engine_id, force=eviction.budget_s <= 0, drain_timeout_s=eviction.budget_s,
                                     reason="evicted")
         gone_s = time.monotonic() - noticed
-        record = {"node_id": eviction.node_id, "budget_s": eviction.budget_s, "notice_to_gone_s": gone_s,
+        record = {"node_id": eviction.node_id, "notice": eviction.notice.value, "budget_s": eviction.budget_s,
+                  "notice_to_gone_s": gone_s,
                   "moved_requests": aborted,
                   "gone_before_deadline": not eviction.deadline_ms or time.time() * 1000 < eviction.deadline_ms}
         self.events.append(EventKind.ENGINE_STATE, f"evicted engine removed {gone_s:.1f}s after the notice "

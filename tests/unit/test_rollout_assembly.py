@@ -14,92 +14,12 @@ from typing import Any
 
 import pytest
 
-from relax.engines.client import EngineUnavailable
 from relax.rollout.assembly import Rollout, build_rollout
-from relax.rollout.launcher import EngineSlot
 from relax.rollout.pool import EngineState
 from relax.rollout.settings import DataSettings, DispatchSettings, FleetSettings, RolloutSettings, SamplingSettings
 from relax.rollout.weight_transport import TransportKind
 from relax.weights.publication import WeightManifest
-
-EOS = 0
-
-
-class Tokenizer:
-    eos_token_id = EOS
-
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        return [ord(c) for c in text]
-
-
-class Launcher:
-    """Engines "start" at once; ``dead`` ones report their process gone."""
-
-    def __init__(self) -> None:
-        self.started: list[str] = []
-        self.dead: set[str] = set()
-
-    async def start(self, engine_id: str, slot: EngineSlot, initial_weights: Any = None) -> dict[str, Any]:
-        self.started.append(engine_id)
-        return {"url": f"http://{engine_id}", "node_id": "node-1"}
-
-    async def is_alive(self, engine_id: str, timeout_s: float) -> bool:
-        return engine_id not in self.dead
-
-    async def stop(self, engine_id: str, grace_s: float) -> None:
-        return None
-
-    def release(self, slot: EngineSlot) -> None:
-        return None
-
-    def engine_ids(self) -> list[str]:
-        return list(self.started)
-
-
-class Client:
-    """An engine's HTTP face: answers 3 tokens; with ``hold`` set, requests wait for it to be released and then
-    find the connection reset if the engine is dead by then."""
-
-    def __init__(self, engine_id: str, launcher: Launcher) -> None:
-        self.engine_id, self.launcher = engine_id, launcher
-        self.hold: asyncio.Event | None = None
-        self.holding = asyncio.Event()
-
-    async def generate(self, **kwargs: Any) -> dict[str, Any]:
-        if self.hold is not None:
-            self.holding.set()
-            await self.hold.wait()
-        if self.engine_id in self.launcher.dead:
-            raise EngineUnavailable("connection reset", url=f"http://{self.engine_id}", endpoint="/generate")
-        ids = [5, 6, 7]
-        return {"text": "abc", "output_ids": ids,
-                "meta_info": {"finish_reason": {"type": "length"}, "completion_tokens": 3, "weight_version": "0",
-                              "output_token_logprobs": [[-0.1, t, None] for t in ids]}}
-
-    async def health_generate(self, *, timeout: float | None = None) -> None:
-        return None
-
-    async def is_healthy(self, *, generate: bool = False, timeout: float | None = None) -> bool:
-        return self.engine_id not in self.launcher.dead
-
-    async def abort_request(self, rid: str | None = None, *, abort_all: bool = False) -> None:
-        return None
-
-    async def aclose(self) -> None:
-        return None
-
-
-class Transport:
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, int]] = []
-
-    async def send(self, engine_id: str, client: Any, latest: Any, check: Any = None, *,
-                   verify_only: bool = False) -> dict[str, Any]:
-        self.sent.append((engine_id, latest.version))
-        return {"paused_s": 0.0}
-
-    async def forget(self, engine_id: str, client: Any | None) -> None:
-        return None
+from tests.unit.fake_engines import Client, Launcher, Tokenizer, Transport
 
 
 def build(tmp_path: Path) -> tuple[Rollout, Launcher, dict[str, Client], Transport]:
