@@ -44,14 +44,16 @@ def rows_of(path: Path) -> list[dict]:
 
 
 def measure(preset, out: Path, steps: int, tree: str | None, samples_per_step: int, max_new_tokens: int) -> dict:
+    # a high temperature makes the tiny model's answers run to the length limit (it would stop after ~4 tokens),
+    # so each step moves as many tokens as a real one of that size
     grpo = {**GRPO_DEFAULTS, "rollout_batch_size": samples_per_step // 8, "n_samples_per_prompt": 8,
-            "max_new_tokens": max_new_tokens}
+            "max_new_tokens": max_new_tokens, "temperature": 25.0}
     argv = train_argv(preset, out, num_rollout=steps, max_staleness=1, grpo=grpo)
     env = dict(os.environ)
     if tree:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (tree, env.get("PYTHONPATH")) if p)
     driver = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
-                              start_new_session=True)
+                              start_new_session=True, cwd=tree or None)  # in the tree: its relax comes first
     proc = psutil.Process(driver.pid)
     cpu_at: dict[int, float] = {}  # rows seen -> the driver's CPU seconds when it saw them
     try:
@@ -89,7 +91,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--samples-per-step", type=int, default=64)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--tree", help="another checkout of Relax to run instead of this one")
     parser.add_argument("--label", default="this tree")
     parser.add_argument("--out", default="benchmarks/results/driver_step.json")
@@ -103,7 +105,7 @@ def main() -> None:
         "label": args.label,
         "tree": args.tree or str(Path(__file__).resolve().parents[1]),
         "workload": f"tiny preset, 2 trainer ranks + 2 engines, {args.samples_per_step} samples/step, "
-                    f"up to {args.max_new_tokens} new tokens",
+                    f"{args.max_new_tokens} new tokens each (temperature 25)",
         **result,
     }
     save_report(report, args.out)
