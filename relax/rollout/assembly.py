@@ -36,6 +36,7 @@ from relax.rollout.launcher import EngineLauncher
 from relax.rollout.pool import EnginePool, EngineRecord, EngineState
 from relax.rollout.refit import Verification, VerifyResult
 from relax.rollout.router import RetryPolicy, Router
+from relax.rollout.run_status import RunStatus
 from relax.rollout.settings import FleetSettings, RolloutSettings
 from relax.rollout.weight_sync import WeightSync
 from relax.rollout.weight_transport import TransportKind, WeightTransport
@@ -59,6 +60,33 @@ class Rollout:
     executor: ScaleExecutor
     loop: GenerationLoop
     control: RolloutControl
+
+    def run_status(self, training: Mapping[str, Any]) -> RunStatus:
+        """One snapshot of the run (``rollout.run_status``); ``training``: the driver's last step report."""
+        sync, fleet = self.weight_sync, self.fleet
+        join = fleet.joins.latest_answered()
+        if join is not None and join.decision_to_first_answer_s is None:
+            join = None
+        gone = [e["notice_to_gone_s"] for e in fleet.last_evictions.values() if e.get("notice_to_gone_s") is not None]
+        return RunStatus(
+            training_step=int(training.get("step", 0)), num_rollout=self.settings.data.num_rollout,
+            rollout_tokens_per_s=float(training.get("rollout_tokens_per_s", 0.0)),
+            staleness_mean=float(training.get("staleness_mean", 0.0)),
+            trainer_wait_fraction=float(training.get("trainer_wait_fraction", 0.0)),
+            staleness_blocked_fraction=self.loop.gate.blocked_fraction(),
+            buffer_waiting_partitions=self.loop.buffer.num_waiting_partitions(),
+            engine_weight_version=fleet.engine_version(), active_engines=len(self.pool.active()),
+            latest_published=self.weights.latest_version or 0, tokens_generated=self.dispatcher.tokens_generated,
+            migration=self.dispatcher.migration.to_dict(), verify_weights=sync.verify_policy.value,
+            weight_verifications=dict(sync.verifications),
+            weight_syncs={eid: dict(t) for eid, t in sync.last_syncs.items()},
+            last_verifications={eid: dict(v) for eid, v in sync.last_verifications.items()},
+            evictions={eid: dict(e) for eid, e in fleet.last_evictions.items()}, joins=fleet.joins.to_dict(),
+            sglang_router=fleet.sglang_router.status() if fleet.sglang_router else None,
+            last_join_active_s=join.decision_to_active_s if join else None,
+            last_join_first_answer_s=join.decision_to_first_answer_s if join else None,
+            last_eviction_notice_to_gone_s=gone[-1] if gone else None,
+        )
 
     async def aclose(self) -> None:
         """Stop generation, every scale request, every engine and background task."""

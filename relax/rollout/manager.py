@@ -205,55 +205,11 @@ class RolloutManager:
         return dict(await self.rollout.fleet.engine_info(engine_id))
 
     async def status(self) -> dict[str, Any]:
-        r = self.rollout
-        sync = r.weight_sync
-        return {
-            "engine_weight_version": r.fleet.engine_version(),
-            "active_engines": len(r.pool.active()),
-            "waiting_partitions": r.loop.buffer.num_waiting_partitions(),
-            "staleness_blocked_fraction": r.loop.gate.blocked_fraction(),
-            "tokens_generated": r.dispatcher.tokens_generated,
-            "latest_published": r.weights.latest_version or 0,
-            "weight_syncs": {eid: dict(t) for eid, t in sync.last_syncs.items()},
-            "verify_weights": sync.verify_policy.value,
-            "weight_verifications": dict(sync.verifications),
-            "last_verifications": {eid: dict(v) for eid, v in sync.last_verifications.items()},
-            "migration": r.dispatcher.migration.to_dict(),
-            "evictions": {eid: dict(e) for eid, e in r.fleet.last_evictions.items()},
-            "joins": r.fleet.joins.to_dict(),
-            "sglang_router": r.fleet.sglang_router.status() if r.fleet.sglang_router else None,
-        }
+        """The run's snapshot (``rollout.run_status``): what ``relax_status`` and ``/metrics`` read too."""
+        return self._run_status()
 
     def _run_status(self) -> dict[str, Any]:
-        """The training-side figures of ``relax_status``."""
-        r = self.rollout
-        return {
-            "training_step": self._training.get("step", 0),
-            "num_rollout": self.settings.data.num_rollout,
-            "rollout_tokens_per_s": self._training.get("rollout_tokens_per_s", 0.0),
-            "staleness_mean": self._training.get("staleness_mean", 0.0),
-            "trainer_wait_fraction": self._training.get("trainer_wait_fraction", 0.0),
-            "staleness_blocked_fraction": r.loop.gate.blocked_fraction(),
-            "buffer_waiting_partitions": r.loop.buffer.num_waiting_partitions(),
-            "migration_tokens_kept": r.dispatcher.migration.tokens_kept,
-            "migration_tokens_regenerated": r.dispatcher.migration.tokens_regenerated,
-            "migrated_requests": r.dispatcher.migration.migrated_requests,
-            "tokens_generated": r.dispatcher.tokens_generated,
-            "weight_verifications": dict(r.weight_sync.verifications),
-            **self._last_join_and_eviction(),
-        }
-
-    def _last_join_and_eviction(self) -> dict[str, float]:
-        """The newest engine join's and eviction's durations, for Relax's /metrics (absent until one happened)."""
-        out: dict[str, float] = {}
-        join = self.rollout.fleet.joins.latest_answered()
-        if join is not None and join.decision_to_first_answer_s is not None:
-            out["last_join_active_s"] = join.decision_to_active_s
-            out["last_join_first_answer_s"] = join.decision_to_first_answer_s
-        gone = [e for e in self.rollout.fleet.last_evictions.values() if e.get("notice_to_gone_s") is not None]
-        if gone:
-            out["last_eviction_notice_to_gone_s"] = gone[-1]["notice_to_gone_s"]
-        return out
+        return self.rollout.run_status(self._training).to_dict()
 
     # ------------------------------------------------------------------ control API (REST + autoscaler)
     async def engine_urls(self) -> dict[str, str]:

@@ -166,7 +166,7 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else float("nan")
 
 
-#: The rollout manager's run-long migration counters (``status()["migration"]``) -> their per-step train-row keys.
+#: The rollout's run-long migration counters (``RunStatus.migration``) -> their per-step train-row keys.
 MIGRATION_KEYS = {
     "migrated_requests": "rollout/migrated_requests",
     "tokens_kept": "rollout/migration_tokens_kept",

@@ -110,7 +110,8 @@ async def test_a_slow_engine_is_kept_and_a_dead_one_is_failed_and_replaced() -> 
         assert f.state("engine_0") is EngineState.ACTIVE  # its process runs: a slow engine, not a dead one
         f.launcher.dead.add("engine_0")
         await f.fleet.on_engine_failure("engine_0", ConnectionResetError("connection reset"))
-        assert f.state("engine_0") is EngineState.FAILED and f.pool.get("engine_0").last_error == "ConnectionResetError: connection reset"
+        assert f.state("engine_0") is EngineState.FAILED
+        assert f.pool.get("engine_0").last_error == "ConnectionResetError: connection reset"
         assert f.router.routable() == ["engine_1"]
         await f.until(lambda: "engine_2" in f.pool and f.state("engine_2") is EngineState.ACTIVE)
         assert f.launcher.started[-1] == ("engine_2", EngineSlot(PG, 0)) and "engine_0" in f.launcher.stopped

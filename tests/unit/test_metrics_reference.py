@@ -116,7 +116,13 @@ def _families(text: str) -> dict[str, str]:
 
 
 def full_status() -> dict[str, object]:
-    status: dict[str, object] = {key: 1.0 for key, _, _ in GAUGES + COUNTERS}
+    status: dict[str, object] = {}
+    for key, _, _ in GAUGES + COUNTERS:  # ``a.b``: key b of the status's a (RunStatus.migration)
+        outer, _, inner = key.partition(".")
+        if inner:
+            status.setdefault(outer, {})[inner] = 1.0  # type: ignore[index]
+        else:
+            status[key] = 1.0
     status["engines_by_state"] = {s.value: 1 for s in EngineState}
     status["scale_events_total"] = {"scale_out_requested": 1}
     status["weight_verifications"] = {"verified": 2, "mismatch": 1, "uncheckable": 0}

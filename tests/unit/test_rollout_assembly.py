@@ -13,9 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from relax.rollout.assembly import Rollout, build_rollout
 from relax.rollout.pool import EngineState
+from relax.rollout.relax_metrics import render_metrics
 from relax.rollout.settings import DataSettings, DispatchSettings, FleetSettings, RolloutSettings, SamplingSettings
 from relax.rollout.weight_transport import TransportKind
 from relax.weights.publication import WeightManifest
@@ -75,5 +77,13 @@ async def test_the_rollout_generates_publishes_and_survives_a_dead_engine_withou
         assert [len(p.samples) for p in later] == [4, 4]  # nothing lost: the held requests ran elsewhere
         assert all(s.engine_id != "engine_0" for p in later for s in p.samples)
         assert rollout.router.total_in_flight() == 0
+
+        status = rollout.run_status({"step": 2, "staleness_mean": 0.5}).to_dict()  # one shape for every reader
+        assert (status["training_step"], status["num_rollout"], status["latest_published"]) == (2, 3, 2)
+        assert status["buffer_waiting_partitions"] == 0 and status["tokens_generated"] == 36
+        assert status["migration"]["migrated_requests"] == 0  # a request that died before any token starts anew
+        families = {f.name: f for f in text_string_to_metric_families(render_metrics(status).decode())}
+        assert families["relax_training_step"].samples[0].value == 2
+        assert families["relax_migrated_requests"].samples[0].value == 0
     finally:
         await rollout.aclose()
