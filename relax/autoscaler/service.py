@@ -59,6 +59,7 @@ from relax.autoscaler.policy import (
     rules_summary,
 )
 from relax.autoscaler.scrape import scrape_all
+from relax.logs import failure_cause
 from relax.rollout.pool import EngineState
 from relax.rollout.scaling import (
     FAILED_STATUSES,
@@ -485,7 +486,7 @@ class AutoscalerService:
         except ScalingError as exc:  # the rules said no: a refusal, not a fault
             record.error, record.detail = type(exc).__name__, _refusal(exc)
         except Exception as exc:  # an unreachable manager is a refusal, not a crash
-            record.error, record.detail = type(exc).__name__, _exception_text(exc)
+            record.error, record.detail = type(exc).__name__, failure_cause(exc)
             self._error(action.value, exc)
         request_id = answer.get("request_id") if isinstance(answer, Mapping) else None
         accepted = isinstance(request_id, str) and bool(request_id)
@@ -829,10 +830,6 @@ def _refusal(exc: ScalingError) -> str:
     if isinstance(exc, ScaleConflict) and exc.running_request_id not in message:
         message = f"{message} (running: {exc.running_request_id})"
     return message[:300]
-
-
-def _exception_text(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
 def _answer_text(answer: Any) -> str:

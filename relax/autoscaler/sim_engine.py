@@ -44,10 +44,6 @@ class EngineModel:
     throughput_window_secs: float = 5.0
     """``gen_throughput`` is tokens generated over this trailing window, per second."""
 
-    def requests_per_sec(self, tokens_per_request: float) -> float:
-        """Saturated capacity in requests/s for answers of ``tokens_per_request`` tokens."""
-        return self.max_tokens_per_sec / tokens_per_request
-
 
 class Observer(Protocol):
     """Where an engine reports what users felt (the simulation collects it)."""

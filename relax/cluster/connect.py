@@ -75,7 +75,8 @@ def _stop_failed_start() -> None:
 
 def start_local(num_gpus: int, num_cpus: int, *, resources: dict[str, float] | None = None,
                 runtime_env: dict | None = None, log_to_driver: bool = True) -> None:
-    """Start an embedded local Ray cluster with the settings these machines need (MACHINE-NOTES).
+    """Start an embedded local Ray cluster with the settings a one-machine cluster needs (docs/development.md,
+    "Traps when the whole cluster is on one machine").
 
     ``address="local"`` so a stray ``RAY_ADDRESS`` or a running cluster is never joined by accident; no
     dashboard (slow to start, and nothing here needs it). Locked (``relax.cluster.ray_auth``): every process

@@ -5,7 +5,7 @@ takes back. To exercise that loop without a cloud we run Ray's ``fake_multinode`
 autoscaler (v1) starts real raylets on this host with logical GPUs when placement groups are pending, and
 kills them again once they have been idle for ``idle_timeout_minutes``.
 
-Traps this module works around (measured, see MACHINE-NOTES "Fake autoscaling nodes on one machine"):
+Traps this module works around (measured; docs/development.md, "Traps when the whole cluster is on one machine"):
 
 * ``ray.cluster_utils.AutoscalingCluster`` runs ``ray stop --force``, which kills *every* Ray on the
   machine. We start ``ray start --head --block`` ourselves in a new session (process group) and stop it by
@@ -95,7 +95,7 @@ class ElasticClusterConfig:
     elastic_cpus: int = 1
     elastic_node_type: str = ELASTIC_NODE_TYPE
     idle_timeout_minutes: float = 0.15
-    """Below ~0.1 min fake nodes vanish before a multi-node placement group forms (MACHINE-NOTES)."""
+    """Below ~0.1 min fake nodes vanish before a multi-node placement group forms (measured on these machines)."""
     upscaling_speed: float = 1.0
     include_dashboard: bool = True
     """On by default so ``ray job submit`` and the state API work; costs ~1 GB more memory."""

@@ -2,7 +2,8 @@
 
 Why: with ``RAY_AUTH_MODE=disabled`` any process that can reach a Ray cluster's GCS can attach a driver and
 run code as the training's user, and a cluster whose node address is routable listens on every interface
-(GCS, raylet, every worker). Measured on Ray 2.60 (MACHINE-NOTES, "Ray"):
+(GCS, raylet, every worker). Measured on Ray 2.60 (docs/development.md, "Traps when the whole cluster is on one
+machine"):
 
 * Token auth (``RAY_AUTH_MODE=token``) refuses a driver without the token at once
   (``AuthenticationError``), and one with a wrong token after Ray's connection retries; every Ray process

@@ -48,7 +48,7 @@ from relax.config.plan import (
     validate_plan_against_cluster,
 )
 from relax.engines.sglang import api_key_from_env, engine_secret, external_engine_key, reserved_flag_problems
-from relax.logs import LOG_LEVEL_ENV, setup_logging
+from relax.logs import LOG_LEVEL_ENV, failure_cause, setup_logging
 from relax.training import tracking
 from relax.training.console import StepLine, eta_seconds
 
@@ -122,8 +122,8 @@ def preflight(args: TrainArgs) -> None:
         try:
             tokenizer = AutoTokenizer.from_pretrained(args.hf_checkpoint)
         except Exception as exc:  # noqa: BLE001 - any broken tokenizer file: one line, not transformers' traceback
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-            fail(ConfigError(f"--hf-checkpoint {args.hf_checkpoint}: its tokenizer cannot be loaded ({first}); "
+            fail(ConfigError(f"--hf-checkpoint {args.hf_checkpoint}: its tokenizer cannot be loaded "
+                             f"({failure_cause(exc, 200)}); "
                              "restore tokenizer.json / tokenizer_config.json from the original model"))
     try:  # malformed data files fail here, with the line number, not an hour into the run
         datasets = [load_prompt_data(path, args.input_key, args.label_key, tokenizer=tokenizer,
@@ -381,7 +381,6 @@ class Driver:
             total = self.plan.num_rollout
             last_done: tuple[int, dict[str, int] | None] | None = None
             last_saved = -1
-            progress = _progress_bar(total, start_step)
             try:
                 for step in range(start_step, total):
                     if self.stop.requested:
@@ -389,7 +388,6 @@ class Driver:
                     cursor_end = self._train_one(step, total, metrics, versions_log)
                     done = step + 1
                     last_done = (done, cursor_end)
-                    progress.update(done, metrics.train_rows[-1])
                     if self.args.eval_interval and done % self.args.eval_interval == 0 and self.args.eval_prompt_data:
                         self._evaluate(metrics, done)
                     if self.args.save and self.args.save_interval and done % self.args.save_interval == 0:
@@ -397,8 +395,6 @@ class Driver:
                         last_saved = done
             except _StopRequested:
                 pass
-            finally:
-                progress.close()
             if self._report is not None:  # the last step's figures: the control plane shows the run's end
                 self.manager.report_training.remote(self._report)
             if self.stop.requested:
@@ -595,37 +591,6 @@ class Driver:
         from relax.cluster import scratch
 
         scratch.sweep()  # this run's scratch on this node, now that its processes are gone (never another run's)
-
-
-class _Progress:
-    """A progress bar on an interactive terminal (rich); nothing when output goes to a file or a job log."""
-
-    def __init__(self, total: int, start: int) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-        self._bar = Progress(TextColumn("training"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                             TextColumn("{task.fields[info]}"), transient=False)
-        self._task = self._bar.add_task("train", total=total, completed=start, info="")
-        self._bar.start()
-
-    def update(self, done: int, row: dict[str, Any]) -> None:
-        info = f"reward {row.get('rollout/reward_mean', float('nan')):.3f}  engines {row.get('engines/active', '?')}"
-        self._bar.update(self._task, completed=done, info=info)
-
-    def close(self) -> None:
-        self._bar.stop()
-
-
-class _NoProgress:
-    def update(self, done: int, row: dict[str, Any]) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def _progress_bar(total: int, start: int) -> _Progress | _NoProgress:
-    return _Progress(total, start) if sys.stderr.isatty() and sys.stdout.isatty() else _NoProgress()
 
 
 def _fmt(value: float | None) -> str:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from relax.engines.backends import cuda_available
+from relax.logs import failure_cause
 from relax.weights.pause_mode import PauseMode
 
 log = logging.getLogger("relax.rollout")
@@ -148,7 +149,7 @@ class RayEngineLauncher:
                 if attempt == ACTOR_START_ATTEMPTS:
                     raise
                 log.warning("%s: engine actor died while starting (%s); retrying in the same bundle", engine_id,
-                            str(exc).splitlines()[0])
+                            failure_cause(exc))
                 with contextlib.suppress(Exception):
                     ray.kill(actor, no_restart=True)
         raise AssertionError("unreachable")
@@ -180,7 +181,7 @@ class RayEngineLauncher:
         try:
             await asyncio.wait_for(_await(actor.shutdown.remote(grace_s)), timeout=grace_s + 10)
         except Exception as exc:  # dead or stuck actor: killing it below is the fallback
-            log.info("%s: shutdown: %s", engine_id, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            log.info("%s: shutdown: %s", engine_id, failure_cause(exc))
         with contextlib.suppress(Exception):
             ray.kill(actor, no_restart=True)
 

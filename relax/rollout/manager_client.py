@@ -16,6 +16,7 @@ import asyncio
 import logging
 from typing import Any
 
+from relax.logs import failure_cause
 from relax.rollout.scaling import ScaleInSpec, ScaleOutSpec, ScalingError
 
 log = logging.getLogger("relax.rollout")
@@ -55,7 +56,7 @@ class ManagerClient:
         except asyncio.TimeoutError:
             raise ManagerTimeout(f"the rollout manager did not answer {method} within {self._timeout:g}s") from None
         except (RayActorError, ActorUnavailableError) as exc:
-            raise ManagerUnavailable(f"the rollout manager is unavailable: {_first_line(exc)}") from None
+            raise ManagerUnavailable(f"the rollout manager is unavailable: {failure_cause(exc, 300)}") from None
         except RayTaskError as exc:
             cause = getattr(exc, "cause", None)
             if isinstance(cause, ScalingError | _rest_errors()):
@@ -63,7 +64,7 @@ class ManagerClient:
             log.error("rollout manager %s raised: %s", method, exc)
             shown = cause if cause is not None else exc
             raise ManagerInternalError(
-                f"internal error in {method}: {type(shown).__name__}: {_first_line(shown)}") from None
+                f"internal error in {method}: {failure_cause(shown, 300)}") from None
 
     async def engines_view(self, model_name: str | None = None) -> dict[str, Any]:
         return await self._call("engines_view", model_name)
@@ -109,11 +110,6 @@ def _rest_errors() -> type[BaseException]:
 
 async def _await(ref: Any) -> Any:
     return await ref
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0][:300] if text else type(exc).__name__
 
 
 __all__ = ["ManagerCallError", "ManagerClient", "ManagerInternalError", "ManagerTimeout", "ManagerUnavailable"]

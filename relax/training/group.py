@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from relax.logs import failure_cause
 from relax.training.actor import SUM_METRICS, TrainerActor, TrainerConfig
 from relax.training.sharding import (
     BatchPlan,
@@ -46,18 +47,11 @@ class TrainerRankError(RuntimeError):
 
     def __init__(self, rank: int, method: str, cause: BaseException) -> None:
         self.rank, self.method, self.cause = rank, method, cause
-        super().__init__(f"trainer rank {rank} failed in {method}: {type(cause).__name__}: {_first_line(cause)}")
+        super().__init__(f"trainer rank {rank} failed in {method}: {failure_cause(cause)}")
 
 
 class TrainerTimeoutError(TimeoutError):
     """Some ranks did not answer ``method`` within the timeout (a hung collective or a lost node)."""
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    # Ray's task errors carry the remote traceback; the last line is the actual exception message.
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    return lines[-1].strip() if lines else type(exc).__name__
 
 
 def _unwrap(exc: BaseException) -> BaseException:

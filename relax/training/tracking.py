@@ -30,6 +30,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from relax.logs import failure_cause
+
 log = logging.getLogger("relax.train")
 
 MODES = ("online", "offline")
@@ -151,10 +153,6 @@ class Tracking:
 NO_TRACKING = Tracking()
 
 
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-
-
 class WandbTracking(Tracking):
     """A live W&B run. The first failure of any call is logged in one line and turns tracking off."""
 
@@ -166,8 +164,7 @@ class WandbTracking(Tracking):
         self._ended = False
 
     def _failed(self, what: str, exc: BaseException) -> None:
-        log.warning("W&B %s failed (%s: %s); training goes on without W&B", what, type(exc).__name__,
-                    _first_line(exc))
+        log.warning("W&B %s failed (%s); training goes on without W&B", what, failure_cause(exc, 200))
         run, self._run = self._run, None
         with suppress(Exception):  # already reported; nothing more to say
             run.finish(exit_code=1)
@@ -206,7 +203,7 @@ class WandbTracking(Tracking):
         try:
             run.finish(exit_code=0 if self._ended else 1)
         except Exception as exc:  # noqa: BLE001
-            log.warning("W&B finish failed (%s: %s)", type(exc).__name__, _first_line(exc))
+            log.warning("W&B finish failed (%s)", failure_cause(exc, 200))
         self._teardown()
 
 
@@ -255,8 +252,7 @@ def start(args: Any, run_dir: Path, resuming: bool, environ: Mapping[str, str] |
                 settings=wandb.Settings(**settings),
             )
     except Exception as exc:  # noqa: BLE001 - tracking never stops training
-        log.warning("--use-wandb: W&B could not start (%s: %s); training goes on without W&B",
-                    type(exc).__name__, _first_line(exc))
+        log.warning("--use-wandb: W&B could not start (%s); training goes on without W&B", failure_cause(exc, 200))
         with suppress(Exception):
             wandb.teardown()
         return NO_TRACKING

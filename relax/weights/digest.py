@@ -191,14 +191,6 @@ def _fmix32(x: Any) -> Any:
     return x ^ (x >> 16)
 
 
-def _fmix32_int(x: int) -> int:
-    x ^= x >> 16
-    x = (x * _FMIX_C1) & _M32
-    x ^= x >> 13
-    x = (x * _FMIX_C2) & _M32
-    return x ^ (x >> 16)
-
-
 def sglang_gpu_hash(tensor: Any, seed: int = _SEED) -> int:
     """SGLang's ``gpu_tensor_hash`` of ``tensor``'s bytes, in torch on whatever device the tensor is on.
 

@@ -2,7 +2,7 @@
 
 A broadcast update only works if the trainer and the engine agree on every key they exchange through the
 rendezvous store, so this module does exactly what SGLang's engine does for ``/init_weights_update_group``
-(``init_custom_process_group``; ../SGLANG-CONTRACT.md, "The weight-update process group"), and what the
+(``init_custom_process_group``; docs/architecture.md, "Weights and staleness"), and what the
 trainers that speak to SGLang (slime, verl, OpenRLHF) do on their side:
 
 1. torch's ``tcp://<master_address>:<master_port>`` rendezvous: rank 0 (the trainer) hosts the TCP store,

@@ -1,4 +1,4 @@
-"""One real local Ray cluster per test session (MACHINE-NOTES: ray.init costs 5-8 s)."""
+"""One real local Ray cluster per test session (ray.init costs 5-8 s on a 2-core machine)."""
 
 from __future__ import annotations
 

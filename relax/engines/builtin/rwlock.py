@@ -27,10 +27,6 @@ class WriterPreferringLock:
     def readers(self) -> int:
         return self._readers
 
-    @property
-    def writer_waiting_or_active(self) -> bool:
-        return self._writer or self._writers_waiting > 0
-
     @asynccontextmanager
     async def reader(self) -> AsyncIterator[None]:
         async with self._cond:

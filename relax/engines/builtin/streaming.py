@@ -2,7 +2,8 @@
 
 Why the engine streams at all: a caller that holds the prefix of every generation in flight loses almost
 nothing when the engine dies without notice — it continues each request elsewhere from the last chunk it
-received (``relax.rollout.dispatch``). SGLang's contract (``SGLANG-CONTRACT.md``, "streaming"):
+received (``relax.rollout.dispatch``). SGLang's behaviour (docs/engine.md, "Endpoints", ``POST /generate``
+with ``"stream": true``):
 
 * ``data: {...}`` per chunk, then ``data: [DONE]``; every chunk is *cumulative* — ``text``, ``output_ids`` and
   ``meta_info`` (``output_token_logprobs`` with ``return_logprob``, ``weight_version(s)``, ``completion_tokens``,

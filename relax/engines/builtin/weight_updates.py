@@ -31,6 +31,7 @@ import torch
 
 from relax.engines.builtin.protocol import InitWeightsUpdateGroupBody, UpdateWeightsFromDistributedBody
 from relax.engines.builtin.weight_arena import WeightArena, build_arena
+from relax.logs import failure_cause
 from relax.weights.flat_bucket import BucketSpec, dtype_from_name, unflatten
 from relax.weights.group import WeightGroup, init_weight_group
 
@@ -81,7 +82,7 @@ class DistributedUpdates:
                 body.world_size, body.backend, self.timeout_s, device=self.device)
         except Exception as exc:  # noqa: BLE001 - reported to the caller with the cause
             raise WeightUpdateError(f"could not join weight update group {body.group_name!r} at "
-                                    f"{body.master_address}:{body.master_port}: {_first_line(exc)}") from exc
+                                    f"{body.master_address}:{body.master_port}: {failure_cause(exc, 300)}") from exc
         self.groups[body.group_name] = group
         log.info("joined weight update group %s (rank %d of %d, %s)", body.group_name, body.rank_offset,
                  body.world_size, body.backend)
@@ -137,12 +138,12 @@ class DistributedUpdates:
                 try:  # straight into the served weights, between two steps
                     self.engine.write_weights(lambda: group.broadcast(arena.buffer, src=0), version)
                 except Exception as exc:  # noqa: BLE001 - a dead trainer or a timeout: reported with its cause
-                    raise WeightUpdateError(f"broadcast on group {name!r} failed: {_first_line(exc)}") from exc
+                    raise WeightUpdateError(f"broadcast on group {name!r} failed: {failure_cause(exc, 300)}") from exc
                 return
             try:
                 named = self._receive(group, spec, load_format)
             except Exception as exc:  # noqa: BLE001 - a dead trainer or a timeout: reported with its cause
-                raise WeightUpdateError(f"broadcast on group {name!r} failed: {_first_line(exc)}") from exc
+                raise WeightUpdateError(f"broadcast on group {name!r} failed: {failure_cause(exc, 300)}") from exc
             try:
                 self.engine.update_tensors(named, version)
             except ValueError as exc:
@@ -178,8 +179,3 @@ class DistributedUpdates:
         for name in list(self.groups):
             with contextlib.suppress(Exception):
                 self.destroy_group(name)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0][:300]
