@@ -4,8 +4,9 @@ This is the imperative shell around ``rollout.pool`` (engine states) and ``rollo
 in-flight counts). Where an engine runs and how its process starts is the launcher's business
 (``rollout.launcher``), and talking to a running server goes through an HTTP client made by
 ``client_factory``; both are injected, so the fleet runs without Ray. Which weights an engine holds is the
-``WeightSync``'s (``rollout.weight_sync``), which the fleet composes: bring-up waits for an engine's first sync,
-a failed load comes back here as a failed engine, and a departing engine's transport state is released.
+``WeightSync``'s (``rollout.weight_sync``), the fleet's sibling seen through :class:`FleetWeights` (both are
+wired by ``rollout.assembly``): bring-up waits for an engine's first sync, a failed load comes back here as a
+failed engine, and a departing engine's transport state is released.
 
 Three guarantees are kept here, in one place each:
 
@@ -44,7 +45,6 @@ from relax.rollout.refit import Verification, WeightMismatch
 from relax.rollout.router import Router
 from relax.rollout.router_mirror import SGLangRouterMirror
 from relax.rollout.settings import FleetSettings
-from relax.rollout.weight_sync import WeightSync
 from relax.weights.publication import WeightRegistry
 
 log = logging.getLogger("relax.rollout")
@@ -94,6 +94,24 @@ class EngineHTTP(Protocol):
     async def destroy_weights_update_group(self, group_name: str = ..., **kwargs: Any) -> Any: ...
 
 
+class FleetWeights(Protocol):
+    """What the fleet needs of its sibling, the ``WeightSync`` (``rollout.weight_sync``; wired by
+    ``rollout.assembly``): an engine's first sync and checks, the wait for a publication, and releasing what a
+    leaving engine held."""
+
+    async def sync_to_latest(self, engine_id: str) -> None: ...
+
+    async def verify(self, engine_id: str) -> Verification: ...
+
+    async def settle(self) -> None: ...
+
+    async def forget(self, engine_id: str, client: Any | None) -> None: ...
+
+    def is_syncing(self, engine_id: str) -> bool: ...
+
+    def shutdown(self) -> None: ...
+
+
 class EngineFleet:
     """Owns every engine's process, client and slot; the pool owns their states."""
 
@@ -105,7 +123,7 @@ class EngineFleet:
         weights: WeightRegistry,
         launcher: EngineLauncher,
         settings: FleetSettings,
-        weight_sync: WeightSync,
+        weight_sync: FleetWeights,
         *,
         client_factory: Callable[[str, float, EngineKeys], EngineHTTP] | None = None,
         on_change: Callable[[], None] = lambda: None,
@@ -569,4 +587,4 @@ def _version_or_zero(value: str) -> int:
         return 0
 
 
-__all__ = ["EngineFleet", "EngineHTTP", "FleetSettings"]
+__all__ = ["EngineFleet", "EngineHTTP", "FleetWeights"]
