@@ -70,12 +70,16 @@ class WeightSyncPath(str, Enum):
 
 
 class KLLossType(str, Enum):
-    """KL estimator between the policy and the reference model (slime names)."""
+    """Per-token estimator of KL(policy || reference) on tokens the policy sampled (the names of slime and verl;
+    Schulman's k1/k2/k3). ``relax.training.grpo.kl_estimate`` has the formulas."""
 
-    KL = "kl"  # k1: log ratio
-    K2 = "k2"
-    K3 = "k3"
-    LOW_VAR_KL = "low_var_kl"  # k3, clamped
+    KL = "kl"  # k1: the log ratio, unbiased, can be negative
+    K1 = "k1"
+    ABS = "abs"  # |k1|
+    K2 = "k2"  # half the squared log ratio
+    MSE = "mse"
+    K3 = "k3"  # e^d - d - 1 with d the reference's log ratio: unbiased, never negative
+    LOW_VAR_KL = "low_var_kl"  # k3 clamped to [-10, 10]
 
 
 class LRDecayStyle(str, Enum):
@@ -162,6 +166,7 @@ class TrainArgs:
     lr: float = 1e-6
     lr_decay_style: LRDecayStyle = LRDecayStyle.CONSTANT
     lr_warmup_iters: int = 0
+    lr_decay_iters: int | None = None
     min_lr: float = 0.0
     weight_decay: float = 0.0
     adam_beta1: float = 0.9
@@ -374,7 +379,8 @@ def _add_data_flags(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--custom-rm-path", metavar="MODULE:FUNCTION",
                        help="custom reward function (module:function or dotted path)")
     group.add_argument("--reward-key", metavar="KEY",
-                       help="key to read when a reward function returns a dict")
+                       help="a reward function that returns a dict (say {'score': 1.0, 'acc': True}) is read at "
+                            "this key; without it such a result is an error")
 
 
 def _add_eval_flags(group: argparse._ArgumentGroup) -> None:
@@ -457,6 +463,9 @@ def _add_training_flags(group: argparse._ArgumentGroup) -> None:
                        metavar=argtypes.choices_metavar(LRDecayStyle), help="schedule after warm-up (default constant)")
     group.add_argument("--lr-warmup-iters", type=argtypes.non_negative_int, default=0, metavar="STEPS",
                        help="linear warm-up optimizer steps (default 0)")
+    group.add_argument("--lr-decay-iters", type=argtypes.positive_int, metavar="STEPS",
+                       help="optimizer step at which linear/cosine decay reaches --min-lr (default: the run's "
+                            "training steps)")
     group.add_argument("--min-lr", type=argtypes.non_negative_float, default=0.0, metavar="LR",
                        help="floor of linear/cosine decay (default 0)")
     group.add_argument("--weight-decay", type=argtypes.non_negative_float, default=0.0, metavar="WD")

@@ -129,7 +129,7 @@ def preflight(args: TrainArgs) -> None:
         datasets = [load_prompt_data(path, args.input_key, args.label_key, tokenizer=tokenizer,
                                      apply_chat_template=args.apply_chat_template)
                     for path in [args.prompt_data, *(p for _name, p in args.eval_prompt_data)]]
-        get_reward_fn(args.rm_type.value if args.rm_type else "tiny", args.custom_rm_path)
+        get_reward_fn(args.rm_type.value if args.rm_type else "tiny", args.custom_rm_path, args.reward_key)
     except (DataError, RewardConfigError) as exc:
         fail(ConfigError(str(exc)))
     if len(datasets[0]) < args.rollout_batch_size:
@@ -276,7 +276,8 @@ class Driver:
         # takes seconds to tens of seconds (the first step waits for both).
         engines_ref = self.manager.start_initial_engines.remote([(g, 0) for g in self.groups[1:]])
         self.trainer = TrainerGroup(
-            TrainerConfig.from_args(self.args, hf_checkpoint=str(Path(self.args.hf_checkpoint).resolve())),
+            TrainerConfig.from_args(self.args, hf_checkpoint=str(Path(self.args.hf_checkpoint).resolve()),
+                                    lr_decay_iters=self.args.lr_decay_iters or self.plan.num_rollout),
             self.groups[0], while_starting=self._raise_if_stopped,
         )
         engines = self._result(engines_ref)

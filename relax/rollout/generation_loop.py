@@ -64,7 +64,7 @@ class GenerationLoop:
                                    apply_chat_template=settings.apply_chat_template)
             for name, path in settings.eval_datasets
         }
-        self.reward_fn = get_reward_fn(settings.rm_type or "tiny", settings.custom_rm_path)
+        self.reward_fn = get_reward_fn(settings.rm_type or "tiny", settings.custom_rm_path, settings.reward_key)
         self.buffer = SampleBuffer()
         self.gate = StalenessGate(settings.max_staleness, time.monotonic)
         self.state_changed = state_changed  # engines, weights or the buffer changed: the gate may open

@@ -62,6 +62,7 @@ class DataSettings:
     seed: int = 42  # the prompt order's and the engines' sampling seed (--rollout-seed)
     rm_type: str | None = None
     custom_rm_path: str | None = None
+    reward_key: str | None = None  # the entry of a reward function's dict result that is the reward
     scale_by_std: bool = True
     eval_datasets: tuple[tuple[str, str], ...] = ()
     eval_sampling: SamplingSettings | None = None  # None: the rollout's
@@ -194,7 +195,7 @@ def rollout_settings(args: TrainArgs, plan: Plan, facts: RunFacts) -> RolloutSet
         rollout_batch_size=a.rollout_batch_size, sampling=sampling, max_staleness=a.max_staleness,
         input_key=a.input_key, label_key=a.label_key, apply_chat_template=a.apply_chat_template,
         shuffle=a.rollout_shuffle, seed=a.rollout_seed, rm_type=a.rm_type.value if a.rm_type else None,
-        custom_rm_path=a.custom_rm_path, scale_by_std=not a.disable_grpo_std_normalization,
+        custom_rm_path=a.custom_rm_path, reward_key=a.reward_key, scale_by_std=not a.disable_grpo_std_normalization,
         eval_datasets=tuple((n, str(Path(p).resolve())) for n, p in a.eval_prompt_data), eval_sampling=eval_sampling,
     )
     fleet = FleetSettings(

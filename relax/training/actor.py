@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from relax.config.flags import KLLossType, LRDecayStyle
 from relax.logs import setup_logging
 from relax.training.batching import MicroBatch, collate
 from relax.training.grpo import (
@@ -50,6 +51,7 @@ from relax.training.grpo import (
     policy_loss,
     token_log_probs,
 )
+from relax.training.lr_schedule import LRSchedule
 from relax.training.precision import (
     PRECISIONS,
     Precision,
@@ -100,6 +102,10 @@ class TrainerConfig:
 
     hf_checkpoint: str
     lr: float = 1e-6
+    min_lr: float = 0.0
+    lr_warmup_iters: int = 0
+    lr_decay_iters: int | None = None  # the driver sets the run's length when --lr-decay-iters is not given
+    lr_decay_style: LRDecayStyle = LRDecayStyle.CONSTANT
     weight_decay: float = 0.0
     adam_beta1: float = 0.9
     adam_beta2: float = 0.999
@@ -110,6 +116,7 @@ class TrainerConfig:
     use_tis: bool = False
     tis_clip: float = 2.0
     kl_loss_coef: float = 0.0
+    kl_loss_type: KLLossType = KLLossType.LOW_VAR_KL
     entropy_coef: float = 0.0
     calculate_per_token_loss: bool = False
     rollout_temperature: float = 1.0
@@ -142,6 +149,10 @@ class TrainerConfig:
     def aggregation(self) -> LossAggregation:
         return LossAggregation.TOKEN_MEAN if self.calculate_per_token_loss else LossAggregation.SAMPLE_MEAN
 
+    def lr_schedule(self) -> LRSchedule:
+        return LRSchedule(lr=self.lr, min_lr=self.min_lr, warmup_iters=self.lr_warmup_iters,
+                          decay_iters=self.lr_decay_iters, style=LRDecayStyle(self.lr_decay_style))
+
     def loss_config(self, aggregation: LossAggregation | None = None) -> PolicyLossConfig:
         return PolicyLossConfig(
             eps_clip=self.eps_clip,
@@ -149,6 +160,7 @@ class TrainerConfig:
             use_tis=self.use_tis,
             tis_clip=self.tis_clip,
             kl_coef=self.kl_loss_coef,
+            kl_type=KLLossType(self.kl_loss_type),
             entropy_coef=self.entropy_coef,
             aggregation=aggregation or self.aggregation,
         )
@@ -536,10 +548,11 @@ class TrainerActor:
                 acc.add(metrics, tokens)
             else:
                 self._dummy_backward()
-        grad_norm, skipped = self._clip_and_step()
+        lr = cfg.lr_schedule().at(self.step)  # from the step counter: a resumed run continues the schedule
+        grad_norm, skipped = self._clip_and_step(lr)
         self.step += 1
         out = acc.result()
-        out.update(grad_norm=grad_norm, skipped=float(skipped), num_tokens=float(acc.tokens),
+        out.update(grad_norm=grad_norm, skipped=float(skipped), lr=lr, num_tokens=float(acc.tokens),
                    num_samples=float(len(samples)), step=float(self.step), step_time_s=time.perf_counter() - t0,
                    peak_memory_mb=_peak_memory_mb(self.device))
         if self.grad_scaler is not None:
@@ -585,8 +598,9 @@ class TrainerActor:
                 self._dummy_forward(self.ref_model)
         (logits.sum() * 0.0).backward()
 
-    def _clip_and_step(self) -> tuple[float, bool]:
-        """Clip to ``clip_grad`` (global norm over the DTensor shards) and step; skip non-finite updates.
+    def _clip_and_step(self, lr: float) -> tuple[float, bool]:
+        """Clip to ``clip_grad`` (global norm over the DTensor shards) and step at rate ``lr``; skip non-finite
+        updates.
 
         With fp16 the gradients are unscaled first, so norm, clip and step see the true ones; an overflow
         (a non-finite norm) skips the step and the scaler backs off, as in Megatron's dynamic loss scaling.
@@ -602,6 +616,8 @@ class TrainerActor:
             norm = norm.full_tensor()
         grad_norm = float(norm)
         skipped = not math.isfinite(grad_norm)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
         self._weights_may_change()
         if not skipped and scaler is not None:
             scaler.step(self.optimizer)

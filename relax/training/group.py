@@ -39,7 +39,7 @@ __all__ = ["TrainerGroup", "TrainerRankError", "TrainerTimeoutError", "reduce_ra
 logger = logging.getLogger(__name__)
 
 #: Metrics every rank reports identically; the group takes rank 0's.
-_SHARED_METRICS = frozenset({"grad_norm", "skipped", "step"})
+_SHARED_METRICS = frozenset({"grad_norm", "skipped", "step", "lr"})
 
 
 class TrainerRankError(RuntimeError):

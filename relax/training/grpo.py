@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from relax.config.flags import KLLossType
 from relax.training.sharding import LossAggregation
 
 __all__ = [
@@ -32,7 +33,7 @@ __all__ = [
     "PolicyLossConfig",
     "aggregate",
     "entropy_from_logits",
-    "low_var_kl",
+    "kl_estimate",
     "masked_mean",
     "policy_loss",
     "token_log_probs",
@@ -73,14 +74,27 @@ def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch
     return -(log_p.exp() * log_p).sum(dim=-1)
 
 
-def low_var_kl(log_probs: torch.Tensor, ref_log_probs: torch.Tensor) -> torch.Tensor:
-    """Per-token k3 estimator of KL(pi || pi_ref) on tokens sampled from pi: ``e^d - d - 1``, ``d = ref - logp``.
+def kl_estimate(log_probs: torch.Tensor, ref_log_probs: torch.Tensor,
+                kind: KLLossType = KLLossType.LOW_VAR_KL) -> torch.Tensor:
+    """Per-token estimate of KL(pi || pi_ref) on tokens sampled from pi (``--kl-loss-type``), with the log ratio
+    ``r = logp - ref`` (clamped to +-20 so ``exp`` stays finite):
 
-    Non-negative and lower-variance than ``-d`` (Schulman's "Approximating KL divergence"); clamped to
-    [-10, 10] as in common implementations so a single outlier cannot dominate the loss.
+    * ``kl`` / ``k1``: ``r`` (unbiased; negative on some tokens);
+    * ``abs``: ``|r|``;
+    * ``k2`` / ``mse``: ``r**2 / 2``;
+    * ``k3``: ``e^-r + r - 1`` (unbiased, never negative);
+    * ``low_var_kl``: ``k3`` clamped to [-10, 10].
     """
-    d = (ref_log_probs - log_probs).clamp(-_LOG_RATIO_LIMIT, _LOG_RATIO_LIMIT)
-    return (torch.exp(d) - d - 1.0).clamp(-10.0, 10.0)
+    r = (log_probs - ref_log_probs).clamp(-_LOG_RATIO_LIMIT, _LOG_RATIO_LIMIT)
+    kind = KLLossType(kind)
+    if kind in (KLLossType.KL, KLLossType.K1):
+        return r
+    if kind is KLLossType.ABS:
+        return r.abs()
+    if kind in (KLLossType.K2, KLLossType.MSE):
+        return 0.5 * r.square()
+    k3 = torch.exp(-r) + r - 1.0
+    return k3.clamp(-10.0, 10.0) if kind is KLLossType.LOW_VAR_KL else k3
 
 
 # --------------------------------------------------------------------------------------------------
@@ -135,7 +149,8 @@ class PolicyLossConfig:
     eps_clip_high: float | None = None  # --eps-clip-high: upper clip, ratio <= 1 + eps_clip_high
     use_tis: bool = False  # --use-tis
     tis_clip: float = 2.0  # C in min(ratio, C)
-    kl_coef: float = 0.0  # --kl-loss-coef (k3 against the reference policy)
+    kl_coef: float = 0.0  # --kl-loss-coef (against the reference policy)
+    kl_type: KLLossType = KLLossType.LOW_VAR_KL  # --kl-loss-type: the estimator (kl_estimate)
     entropy_coef: float = 0.0  # --entropy-coef (bonus: subtracted from the loss)
     aggregation: LossAggregation = LossAggregation.SAMPLE_MEAN  # TOKEN_MEAN with --calculate-per-token-loss
 
@@ -216,7 +231,7 @@ def policy_loss(
     if config.kl_coef:
         if ref_log_probs is None:
             raise ValueError("kl_coef > 0 needs ref_log_probs")
-        kl = low_var_kl(log_probs, ref_log_probs)
+        kl = kl_estimate(log_probs, ref_log_probs, config.kl_type)
         loss = loss + config.kl_coef * aggregate(kl, mask, mode, denominator=denominator)
     if config.entropy_coef:
         if entropy is None:

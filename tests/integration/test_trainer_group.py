@@ -16,6 +16,7 @@ import torch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from relax.config.flags import LRDecayStyle
 from relax.data.sample import Sample
 from relax.presets.task import format_answer
 from relax.training.actor import TrainerConfig
@@ -45,6 +46,7 @@ def config(tiny_preset) -> TrainerConfig:
     return TrainerConfig(
         hf_checkpoint=str(tiny_preset.model_dir), lr=1e-3, weight_decay=0.01, clip_grad=1.0,
         use_tis=True, calculate_per_token_loss=True, micro_batch_size=2, seed=7,
+        lr_decay_style=LRDecayStyle.LINEAR, lr_decay_iters=50, min_lr=1e-4,  # a rate that differs every step
     )
 
 
@@ -197,6 +199,9 @@ def test_resume_is_exact(group2, pg, config, tokenizer, tmp_path: Path) -> None:
         assert fresh.load(ckpt) == {"rollout_step": 12, "data_position": 345}
         metrics = fresh.train_step(batch_b)
         assert metrics["step"] == expected_metrics["step"]
+        # the schedule goes on from the checkpoint's step, not from its start
+        assert metrics["lr"] == expected_metrics["lr"] == pytest.approx(
+            config.lr_schedule().at(int(metrics["step"]) - 1)) < config.lr
         assert metrics["loss"] == pytest.approx(expected_metrics["loss"], abs=1e-7)
         assert _max_diff(fresh.full_state_dict(), expected) <= 1e-6
 

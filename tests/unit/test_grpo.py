@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 import torch
 
+from relax.config.flags import KLLossType
 from relax.training.grpo import (
     LossAggregation,
     PolicyLossConfig,
     aggregate,
     entropy_from_logits,
-    low_var_kl,
+    kl_estimate,
     policy_loss,
     token_log_probs,
 )
@@ -146,11 +148,32 @@ def test_padding_is_ignored() -> None:
     assert loss.item() == pytest.approx(-1.0) and new.grad[0, 1].item() == 0.0
 
 
+@pytest.mark.parametrize(("kind", "formula"), [
+    ("kl", lambda r: r), ("k1", lambda r: r), ("abs", abs), ("k2", lambda r: r * r / 2), ("mse", lambda r: r * r / 2),
+    ("k3", lambda r: math.exp(-r) + r - 1), ("low_var_kl", lambda r: min(10.0, math.exp(-r) + r - 1)),
+])
+def test_every_kl_type_is_its_formula(kind: str, formula: Any) -> None:
+    """r = logp - ref per token; k3 is e^-r + r - 1 (Schulman's), low_var_kl the same clamped at 10."""
+    log_ratios = [-12.0, -0.7, 0.0, 0.3, 2.5]
+    ref = torch.full((1, len(log_ratios)), -1.5)
+    logp = ref + T([log_ratios])
+    got = kl_estimate(logp, ref, KLLossType(kind))[0].tolist()
+    assert got == pytest.approx([formula(r) for r in log_ratios], rel=1e-5, abs=1e-6)
+
+
+def test_the_kl_type_reaches_the_loss() -> None:
+    logp, ref = T([[-0.2]]), T([[-1.2]])  # r = 1
+    for kind, expected in (("k1", 1.0), ("k2", 0.5), ("k3", math.exp(-1.0))):
+        cfg = PolicyLossConfig(kl_coef=1.0, kl_type=KLLossType(kind))
+        _, m = policy_loss(logp, logp, T([0.0]), torch.ones(1, 1), cfg, ref_log_probs=ref)
+        assert m["kl"] == pytest.approx(expected, rel=1e-5), kind
+
+
 def test_kl_and_entropy_terms() -> None:
     new, old = torch.zeros(1, 1, requires_grad=True), torch.zeros(1, 1)
     ref = torch.log(T([[0.5]]))
     expected_kl = 0.5 - math.log(0.5) - 1  # k3 with d = ref - logp = log .5
-    assert low_var_kl(new.detach(), ref).item() == pytest.approx(0.5 + math.log(2) - 1)
+    assert kl_estimate(new.detach(), ref).item() == pytest.approx(0.5 + math.log(2) - 1)
     cfg = PolicyLossConfig(kl_coef=0.1, entropy_coef=0.01)
     ent = T([[2.0]])
     loss, m = policy_loss(new, old, T([1.0]), torch.ones(1, 1), cfg, ref_log_probs=ref, entropy=ent)

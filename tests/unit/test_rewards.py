@@ -157,6 +157,7 @@ def custom_module(monkeypatch: pytest.MonkeyPatch) -> str:
     mod.exact = lambda response, label: response == label  # type: ignore[attr-defined]
     mod.bad_type = lambda response, label: "yes"  # type: ignore[attr-defined]
     mod.NOT_CALLABLE = 3  # type: ignore[attr-defined]
+    mod.parts = lambda response, label: {"score": 0.75, "acc": response == label}  # type: ignore[attr-defined]
 
     class Scorer:
         @staticmethod
@@ -176,6 +177,16 @@ def test_custom_by_dotted_path(custom_module: str) -> None:
     assert get_reward_fn("my_rewards:Scorer.score")("a", "b") == 0.5  # rm_type may be a path
     with pytest.raises(TypeError, match="returned str"):
         get_reward_fn(None, "my_rewards:bad_type")("a", "b")
+
+
+def test_a_dict_result_is_read_at_the_reward_key(custom_module: str) -> None:
+    assert get_reward_fn(None, "my_rewards:parts", reward_key="score")("a", "b") == 0.75
+    assert get_reward_fn("my_rewards:parts", reward_key="acc")("a", "a") == 1.0
+    with pytest.raises(TypeError, match=r"returned a dict \(keys \['acc', 'score'\]\); name the entry"):
+        get_reward_fn(None, "my_rewards:parts")("a", "b")
+    with pytest.raises(TypeError, match="without --reward-key 'reward'"):
+        get_reward_fn(None, "my_rewards:parts", reward_key="reward")("a", "b")
+    assert get_reward_fn(None, "my_rewards:exact", reward_key="score")("a", "a") == 1.0  # a number is the reward
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,8 @@
 """Reward functions by name (``--rm-type``) or by dotted path (a user's own function).
 
-Every reward has the signature ``fn(response: str, label: str) -> float``. Built-ins are registered as
+Every reward has the signature ``fn(response: str, label: str) -> float``. A user's function may return a dict
+instead (a score and its parts, as slime's reward models do): ``--reward-key`` names the entry that is the
+reward. Built-ins are registered as
 dotted paths and imported only when chosen, so picking ``tiny`` does not load sympy, and a broken
 optional dependency only matters to the run that uses it.
 """
@@ -8,7 +10,7 @@ optional dependency only matters to the run that uses it.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 __all__ = ["RewardConfigError", "RewardFn", "available_reward_types", "get_reward_fn", "load_callable"]
 
@@ -62,11 +64,20 @@ def load_callable(path: str) -> Callable[..., object]:
     return obj
 
 
-def _as_float_reward(fn: Callable[..., object], name: str) -> RewardFn:
-    """Make a user function's result a float, with an error that names the function when it is not."""
+def _as_float_reward(fn: Callable[..., object], name: str, reward_key: str | None = None) -> RewardFn:
+    """Make a user function's result a float (a dict's ``reward_key`` entry), with an error that names the
+    function when it is not one."""
 
     def reward(response: str, label: str) -> float:
         value = fn(response, label)
+        if isinstance(value, Mapping):
+            if reward_key is None:
+                raise TypeError(f"reward {name!r} returned a dict (keys {sorted(map(str, value))}); name the "
+                                "entry that is the reward with --reward-key")
+            if reward_key not in value:
+                raise TypeError(f"reward {name!r} returned a dict without --reward-key {reward_key!r} (keys "
+                                f"{sorted(map(str, value))})")
+            value = value[reward_key]
         if isinstance(value, (int, float)):  # bool is an int: True -> 1.0
             return float(value)
         raise TypeError(f"reward {name!r} returned {type(value).__name__} ({value!r}); expected a number")
@@ -77,14 +88,15 @@ def _as_float_reward(fn: Callable[..., object], name: str) -> RewardFn:
     return reward
 
 
-def get_reward_fn(rm_type: str | None, custom_path: str | None = None) -> RewardFn:
+def get_reward_fn(rm_type: str | None, custom_path: str | None = None, reward_key: str | None = None) -> RewardFn:
     """The reward function for ``--rm-type`` (``dapo``, ``math``, ``deepscaler``, ``tiny``, ``last-number``).
 
     A ``custom_path`` (``module:function`` or ``module.function``) takes precedence over ``rm_type``;
-    ``rm_type`` may also be such a path itself (anything containing ``:`` or ``.``).
+    ``rm_type`` may also be such a path itself (anything containing ``:`` or ``.``). ``reward_key``
+    (``--reward-key``): the entry of a user function's dict result that is the reward.
     """
     if custom_path:
-        return _as_float_reward(load_callable(custom_path), custom_path)
+        return _as_float_reward(load_callable(custom_path), custom_path, reward_key)
     if not rm_type:
         raise RewardConfigError(
             f"no reward chosen: set --rm-type to one of {available_reward_types()} or give a custom path"
@@ -93,7 +105,7 @@ def get_reward_fn(rm_type: str | None, custom_path: str | None = None) -> Reward
     if name in BUILTIN_REWARDS:
         return load_callable(BUILTIN_REWARDS[name])  # type: ignore[return-value]
     if ":" in name or "." in name:
-        return _as_float_reward(load_callable(name), name)
+        return _as_float_reward(load_callable(name), name, reward_key)
     raise RewardConfigError(
         f"unknown reward type {rm_type!r}; choose one of {available_reward_types()} "
         "or a dotted path 'package.module:function'"
