@@ -193,6 +193,7 @@ class Driver:
         self._step_times: list[float] = []  # for the console line's ETA (relax.training.console)
         self._migration: dict[str, Any] = {}  # the manager's migration counters at the previous step's row
         self._report: dict[str, Any] | None = None  # the last step's figures for the manager, not yet sent
+        self._status: dict[str, Any] = {}  # the rollout's newest RunStatus (rollout.run_status)
 
     # ------------------------------------------------------------------ setup
     def _install_signals(self) -> None:
@@ -402,7 +403,7 @@ class Driver:
                 log.warning("%s: stopping after step %s", self.stop.signal_name, last_done[0] if last_done else "-")
                 if self.args.save and last_done is not None and last_done[0] != last_saved:
                     self._save(*last_done)
-            summary = summarize(metrics.train_rows, metrics.wall_seconds())
+            summary = summarize(metrics.train_rows, metrics.wall_seconds(), self._status)
             self._finish(summary, metrics, plot)
             self.tracking.end(summary, self.run_dir / "training.png")
             return 0
@@ -448,6 +449,7 @@ class Driver:
             **migration_row(self._migration, status["migration"]),
         }
         self._migration = status["migration"]
+        self._status = status
         metrics.log(step + 1, row)
         self.tracking.log(metrics.rows[-1])
         seconds = row.get("rollout/seconds")

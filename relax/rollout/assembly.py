@@ -77,7 +77,8 @@ class Rollout:
             buffer_waiting_partitions=self.loop.buffer.num_waiting_partitions(),
             engine_weight_version=fleet.engine_version(), active_engines=len(self.pool.active()),
             latest_published=self.weights.latest_version or 0, tokens_generated=self.dispatcher.tokens_generated,
-            migration=self.dispatcher.migration.to_dict(), verify_weights=sync.verify_policy.value,
+            migration=self.dispatcher.migration.to_dict(), dropped_prompts=self.loop.dropped.count,
+            refused_groups=self.loop.refused_groups, verify_weights=sync.verify_policy.value,
             weight_verifications=dict(sync.verifications),
             weight_syncs={eid: dict(t) for eid, t in sync.last_syncs.items()},
             last_verifications={eid: dict(v) for eid, v in sync.last_verifications.items()},
@@ -206,7 +207,7 @@ def build_rollout(
     executor = ScaleExecutor(pool, fleet, events, settings.scaling, drain_timeout_s=fleet_settings.drain_timeout_s,
                              on_change=changed.set)
     loop = GenerationLoop(settings.data, tokenizer, dispatcher, end_group=router.end_group,
-                          engine_version=fleet.engine_version, state_changed=changed)
+                          engine_version=fleet.engine_version, state_changed=changed, context_len=dispatch.max_context)
 
     async def verify(engine_id: str) -> Mapping[str, Any]:
         return (await fleet.verify_engine(engine_id)).to_dict()

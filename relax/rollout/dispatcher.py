@@ -33,7 +33,14 @@ __all__ = ["DispatchSettings", "Dispatcher", "EngineLost", "MigrationStats", "Sa
 
 
 class SampleLostError(RuntimeError):
-    """A request failed on every engine it was tried on; raised instead of silently dropping it."""
+    """A request failed on every engine it was tried on; raised instead of silently dropping it.
+
+    ``refused``: the engine refused the request itself (a client error: too long, malformed); no engine would
+    take it, so its group is dropped (counted) rather than the run ended."""
+
+    def __init__(self, message: str, *, refused: bool = False) -> None:
+        super().__init__(message)
+        self.refused = refused
 
 
 class EngineLost(ConnectionError):
@@ -149,7 +156,8 @@ class Dispatcher:
                              step.output["meta_info"].get("completion_tokens", 0))
                 return Generation(engine_id=engine_id, output=step.output, dispatch_version=step.dispatch_version)
             if step.action is Action.LOST:
-                raise SampleLostError(f"{step.reason}: {error}") from error
+                refused = error is not None and classify_error(error) is FailureKind.CLIENT_ERROR
+                raise SampleLostError(f"{step.reason}: {error}", refused=refused) from error
             if step.regenerated:
                 log.info("%d generated token(s) thrown away and regenerated (%s)", step.regenerated, step.reason)
 

@@ -19,9 +19,11 @@ from typing import Any
 
 from relax.data.buffer import SampleBuffer
 from relax.data.dataset import PromptCursor, PromptStream, load_prompt_data
+from relax.data.prompt_fit import fit_prompts
 from relax.data.rewards import get_reward_fn
 from relax.data.sample import PromptGroup, Sample
 from relax.data.staleness import StalenessGate
+from relax.rollout.dispatcher import SampleLostError
 from relax.rollout.generator import Dispatcher, generate_group
 from relax.rollout.settings import DataSettings
 from relax.training.evaluation import evaluate_datasets
@@ -51,14 +53,23 @@ class Partition:
 class GenerationLoop:
     def __init__(self, settings: DataSettings, tokenizer: Any, dispatcher: Dispatcher, *,
                  end_group: Callable[[str], None], engine_version: Callable[[], int],
-                 state_changed: asyncio.Event) -> None:
+                 state_changed: asyncio.Event, context_len: int | None = None) -> None:
         self.settings = settings
         self.tokenizer = tokenizer
         self.dispatcher = dispatcher
         self._end_group = end_group
         self._engine_version = engine_version
-        self.dataset = load_prompt_data(settings.prompt_data, settings.input_key, settings.label_key,
-                                        tokenizer=tokenizer, apply_chat_template=settings.apply_chat_template)
+        self._prompt_ids_cache: dict[int, list[int]] = {}
+        loaded = load_prompt_data(settings.prompt_data, settings.input_key, settings.label_key,
+                                  tokenizer=tokenizer, apply_chat_template=settings.apply_chat_template)
+        lengths = [len(self._prompt_ids(r.index, r.text)) for r in loaded.records]
+        self.dataset, self.dropped = fit_prompts(loaded, lengths, max_prompt_len=settings.max_prompt_len,
+                                                 context_len=context_len,
+                                                 max_new_tokens=settings.sampling.max_new_tokens)
+        if self.dropped.count:
+            log.warning("%s", self.dropped.describe(loaded.path, settings.max_prompt_len, context_len,
+                                                    settings.sampling.max_new_tokens))
+        self.refused_groups = 0  # groups an engine refused (a client error): dropped, counted
         self.eval_data = {
             name: load_prompt_data(path, settings.input_key, settings.label_key, tokenizer=tokenizer,
                                    apply_chat_template=settings.apply_chat_template)
@@ -71,7 +82,6 @@ class GenerationLoop:
         self._task: asyncio.Task[None] | None = None
         self._steps: dict[int, StepTimes] = {}
         self._error: BaseException | None = None
-        self._prompt_ids_cache: dict[int, list[int]] = {}
 
     def start(self, start_step: int = 0, cursor: dict[str, int] | None = None) -> None:
         stream = PromptStream(self.dataset, shuffle=self.settings.shuffle, seed=self.settings.seed,
@@ -85,7 +95,9 @@ class GenerationLoop:
                 batch = stream.next_batch(self.settings.rollout_batch_size)
                 self._steps[step] = StepTimes(started=time.time(), cursor_end=batch.end.to_dict())
                 await self.buffer.open_partition_async(step, expected_groups=len(batch.records))
-                await asyncio.gather(*(self._group_into_buffer(step, rec) for rec in batch.records))
+                results = await asyncio.gather(*(self._group_into_buffer(step, rec) for rec in batch.records),
+                                               return_exceptions=True)
+                await self._after_refusals(step, batch.records, results)
                 self._steps[step].finished = time.time()
                 log.debug("rollout step %d/%d generated (%d groups, engine weights v%d)", step + 1,
                           self.settings.num_rollout, len(batch.records), self._engine_version())
@@ -96,6 +108,24 @@ class GenerationLoop:
             log.exception("generation loop failed")
             self._error = exc
             await self.buffer.close()
+
+    async def _after_refusals(self, step: int, records: Any, results: list[Any]) -> None:
+        """Groups an engine refused are dropped and counted (the step trains on the rest); any other failure
+        ends the loop, as before."""
+        refused = [(rec, r) for rec, r in zip(records, results, strict=True)
+                   if isinstance(r, SampleLostError) and r.refused]
+        for r in results:
+            if isinstance(r, BaseException) and not (isinstance(r, SampleLostError) and r.refused):
+                raise r
+        if not refused:
+            return
+        self.refused_groups += len(refused)
+        rec, error = refused[0]
+        log.warning("rollout step %d: %d group(s) refused by the engines and dropped (line %d of the data: %s)",
+                    step + 1, len(refused), rec.line, error)
+        if len(refused) == len(records):
+            raise RuntimeError(f"rollout step {step + 1}: every group was refused by the engines ({error})")
+        await self.buffer.mark_complete_async(step, allow_partial=True)
 
     async def next_state_change(self) -> None:
         """Wait for engines, weights or the buffer to change; the timeout bounds a missed wake-up."""

@@ -30,6 +30,8 @@ class RunStatus:
     tokens_generated: int = 0
     #: requests continued on another engine and their tokens kept / regenerated (``dispatcher.MigrationStats``)
     migration: Mapping[str, Any] = field(default_factory=dict)
+    dropped_prompts: int = 0  # prompts the engines could not serve, dropped at load (rollout.generation_loop)
+    refused_groups: int = 0  # groups an engine refused mid-run (a client error), dropped
     verify_weights: str = "first"
     weight_verifications: Mapping[str, int] = field(default_factory=dict)
     weight_syncs: Mapping[str, Any] = field(default_factory=dict)

@@ -55,6 +55,7 @@ class DataSettings:
     rollout_batch_size: int
     sampling: SamplingSettings
     max_staleness: int = 1
+    max_prompt_len: int | None = None  # --rollout-max-prompt-len: longer prompts are dropped at load
     input_key: str = "prompt"
     label_key: str = "label"
     apply_chat_template: bool = False
@@ -193,6 +194,7 @@ def rollout_settings(args: TrainArgs, plan: Plan, facts: RunFacts) -> RolloutSet
     data = DataSettings(
         prompt_data=str(Path(a.prompt_data).resolve()), num_rollout=plan.num_rollout,
         rollout_batch_size=a.rollout_batch_size, sampling=sampling, max_staleness=a.max_staleness,
+        max_prompt_len=a.rollout_max_prompt_len,
         input_key=a.input_key, label_key=a.label_key, apply_chat_template=a.apply_chat_template,
         shuffle=a.rollout_shuffle, seed=a.rollout_seed, rm_type=a.rm_type.value if a.rm_type else None,
         custom_rm_path=a.custom_rm_path, reward_key=a.reward_key, scale_by_std=not a.disable_grpo_std_normalization,

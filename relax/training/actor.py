@@ -60,7 +60,14 @@ from relax.training.precision import (
     resolve_precision,
 )
 from relax.training.sender import BROADCAST_BUCKET_BYTES, WeightSender
-from relax.training.sharding import check_samples, loss_denominator, num_micro_batches, split_evenly
+from relax.training.sharding import (
+    check_samples,
+    loss_denominator,
+    num_micro_batches,
+    pack_by_tokens,
+    sample_tokens,
+    split_evenly,
+)
 from relax.weights.flat_bucket import dtype_from_name
 from relax.weights.publication import WeightManifest
 
@@ -122,6 +129,8 @@ class TrainerConfig:
     rollout_temperature: float = 1.0
     seed: int = 1234
     micro_batch_size: int | None = None  # samples per forward/backward on one rank; None = all at once
+    use_dynamic_batch_size: bool = False  # --use-dynamic-batch-size: micro-batches by --max-tokens-per-gpu
+    max_tokens_per_gpu: int | None = None
     gradient_checkpointing: bool = False
     dist_timeout_s: float = 600.0  # torch.distributed collective timeout
     precision: Precision = "auto"  # compute dtype on CUDA (CPU always fp32); see resolve_precision
@@ -148,6 +157,11 @@ class TrainerConfig:
     @property
     def aggregation(self) -> LossAggregation:
         return LossAggregation.TOKEN_MEAN if self.calculate_per_token_loss else LossAggregation.SAMPLE_MEAN
+
+    @property
+    def token_budget(self) -> int | None:
+        """Tokens per micro-batch on one rank, padding included (``training.sharding.pack_by_tokens``)."""
+        return self.max_tokens_per_gpu if self.use_dynamic_batch_size else None
 
     def lr_schedule(self) -> LRSchedule:
         return LRSchedule(lr=self.lr, min_lr=self.min_lr, warmup_iters=self.lr_warmup_iters,
@@ -359,6 +373,7 @@ class TrainerActor:
         self.grad_scaler: Any = None  # dynamic loss scaling, fp16 only (bf16 has fp32's exponent range)
         self.pad_token_id = 0
         self.step = 0  # optimizer steps taken (restored by load_checkpoint)
+        self._warned_over_budget = False  # a sample over the token budget is said once
         self._hf_keys: list[str] = []
         self.sender: WeightSender | None = None  # rank 0, once it holds weights for broadcast
 
@@ -509,9 +524,23 @@ class TrainerActor:
         return model(input_ids=ids, logits_to_keep=1, use_cache=False).logits
 
     def _micro_batches(self, samples: Sequence[Mapping[str, Any]], n: int | None) -> list[list[Mapping]]:
-        if n is None:
-            n = num_micro_batches([len(samples)], self._cfg().micro_batch_size)
-        return split_evenly(list(samples), n)
+        """This rank's shard cut as ``training.sharding.micro_batches`` cuts it (by the token budget, else
+        evenly), padded with empty micro-batches to the ``n`` every rank runs."""
+        cfg = self._cfg()
+        budget = cfg.token_budget
+        if budget is None:
+            return split_evenly(list(samples), n or num_micro_batches([len(samples)], cfg.micro_batch_size))
+        packs = pack_by_tokens([sample_tokens(s) for s in samples], budget, cfg.micro_batch_size)
+        over = [sample_tokens(samples[p[0]]) for p in packs if sample_tokens(samples[p[0]]) > budget]
+        if over and not self._warned_over_budget:
+            self._warned_over_budget = True
+            logger.warning("trainer rank %d: a sample of %d tokens is over --max-tokens-per-gpu %d: it is trained "
+                           "in a micro-batch of its own (said once)", self.rank, max(over), budget)
+        chunks: list[list[Mapping]] = [[samples[i] for i in pack] for pack in packs]
+        n = len(chunks) if n is None else n
+        if n < len(chunks):
+            raise ValueError(f"{len(chunks)} micro-batches needed, {n} planned: the plan used another budget")
+        return chunks + [[] for _ in range(n - len(chunks))]
 
     # ---- training
 

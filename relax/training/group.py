@@ -28,7 +28,7 @@ from relax.training.sharding import (
     BatchPlan,
     LossAggregation,
     check_samples,
-    num_micro_batches,
+    micro_batch_count,
     shard_batch,
     split_evenly,
 )
@@ -220,7 +220,8 @@ class TrainerGroup:
     def batch_plan(self) -> BatchPlan:
         """What whoever shards a global batch for this group must know (``batching.shard_batch``)."""
         return BatchPlan(world_size=self.world_size, micro_batch_size=self.config.micro_batch_size,
-                         aggregation=self.config.aggregation, need_rollout_log_probs=self.config.use_tis)
+                         aggregation=self.config.aggregation, need_rollout_log_probs=self.config.use_tis,
+                         max_tokens=self.config.token_budget)
 
     def train_sharded(self, shards: Sequence[Any], denominator: float, num_micro_batches: int,
                       aggregation: LossAggregation | str, *, began: float | None = None) -> dict[str, float]:
@@ -241,8 +242,8 @@ class TrainerGroup:
         dicts = [_as_dict(s) for s in samples]
         check_samples(dicts, need_advantages=False)
         shards = split_evenly(dicts, self.world_size)
-        n_mb = num_micro_batches([len(s) for s in shards], self.config.micro_batch_size)
-        per_rank = self._call_sharded("compute_log_probs", shards, num_micro_batches=n_mb)
+        per_rank = self._call_sharded("compute_log_probs", shards,
+                                      num_micro_batches=micro_batch_count(shards, self.batch_plan()))
         return [lp for rank_lps in per_rank for lp in rank_lps]
 
     # ---- weights and checkpoints

@@ -13,7 +13,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -182,13 +182,16 @@ def migration_row(before: dict[str, Any], now: dict[str, Any]) -> dict[str, int]
     return {key: int(now.get(name, 0)) - int(before.get(name, 0)) for name, key in MIGRATION_KEYS.items()}
 
 
-def summarize(rows: list[dict[str, Any]], wall_seconds: float) -> dict[str, Any]:
+def summarize(rows: list[dict[str, Any]], wall_seconds: float,
+              status: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The end-of-run summary over ``rows``, the train rows of the whole run (every segment, one row a step).
 
     ``wall_seconds`` is the whole run's wall time (``MetricsLog.wall_seconds``: each earlier segment up to the
     checkpoint the next one resumed from, plus the last segment in full), so ``samples_per_second`` divides the
     samples of every step by the time they took end to end, start-ups included. The time a crashed segment spent
     on steps after its last checkpoint is not counted: those steps were dropped and their samples with them.
+    ``status`` (the rollout's last ``RunStatus``) adds what happened to the data: prompts dropped at load as
+    unservable, groups an engine refused.
     """
     rewards = [r["rollout/reward_mean"] for r in rows if "rollout/reward_mean" in r]
     samples = sum(r.get("rollout/samples", 0) for r in rows)
@@ -206,6 +209,8 @@ def summarize(rows: list[dict[str, Any]], wall_seconds: float) -> dict[str, Any]
                                         if "time/trainer_wait_fraction" in r]),
         "wall_seconds": wall_seconds,
         **{key.removeprefix("rollout/"): sum(int(r.get(key, 0)) for r in rows) for key in MIGRATION_KEYS.values()},
+        "data/dropped_prompts": int((status or {}).get("dropped_prompts", 0)),
+        "data/refused_groups": int((status or {}).get("refused_groups", 0)),
     }
 
 

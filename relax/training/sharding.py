@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, TypeVar
 
-__all__ = ["BatchPlan", "LossAggregation", "ShardedBatch", "check_samples", "loss_denominator", "num_micro_batches",
-           "shard_batch", "split_evenly"]
+__all__ = ["BatchPlan", "LossAggregation", "ShardedBatch", "check_samples", "loss_denominator", "micro_batch_count",
+           "micro_batches", "num_micro_batches", "pack_by_tokens", "sample_tokens", "shard_batch", "split_evenly"]
 
 T = TypeVar("T")
 
@@ -93,6 +93,8 @@ class BatchPlan:
     micro_batch_size: int | None = None
     aggregation: LossAggregation = LossAggregation.TOKEN_MEAN
     need_rollout_log_probs: bool = False
+    #: tokens per micro-batch, padding included (``--use-dynamic-batch-size --max-tokens-per-gpu``); None: by count
+    max_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -115,5 +117,42 @@ def shard_batch(samples: Sequence[Mapping[str, Any]], plan: BatchPlan,
     agg = aggregation or plan.aggregation
     shards = split_evenly([dict(s) for s in samples], plan.world_size)
     return ShardedBatch(shards=shards, denominator=loss_denominator(samples, agg),
-                        num_micro_batches=num_micro_batches([len(s) for s in shards], plan.micro_batch_size),
-                        aggregation=agg)
+                        num_micro_batches=micro_batch_count(shards, plan), aggregation=agg)
+
+
+def sample_tokens(sample: Mapping[str, Any]) -> int:
+    """The positions a sample takes in a micro-batch: prompt and response."""
+    return len(sample["prompt_token_ids"]) + len(sample["response_token_ids"])
+
+
+def pack_by_tokens(lengths: Sequence[int], budget: int, max_count: int | None = None) -> list[list[int]]:
+    """Indices of ``lengths`` packed into micro-batches whose padded size (count x longest, what the tensors
+    hold) is at most ``budget`` tokens, and at most ``max_count`` samples when given. Longest first, each into
+    the first micro-batch it fits, so similar lengths share one and little is padding. A sample longer than the
+    budget gets a micro-batch of its own. Each micro-batch lists its indices in order."""
+    packs: list[list[int]] = []
+    for i in sorted(range(len(lengths)), key=lambda k: (-lengths[k], k)):
+        for pack in packs:  # a pack's first index is its longest: lengths arrive in decreasing order
+            fits = (len(pack) + 1) * lengths[pack[0]] <= budget
+            if fits and (max_count is None or len(pack) < max_count):
+                pack.append(i)
+                break
+        else:
+            packs.append([i])
+    return [sorted(pack) for pack in packs]
+
+
+def micro_batches(shard: Sequence[Mapping[str, Any]], plan: BatchPlan) -> list[list[int]]:
+    """How one rank cuts its shard: by the token budget when there is one, else into even micro-batches of at
+    most ``micro_batch_size`` samples (one when unset). Empty for an empty shard."""
+    if not shard:
+        return []
+    if plan.max_tokens is not None:
+        return pack_by_tokens([sample_tokens(s) for s in shard], plan.max_tokens, plan.micro_batch_size)
+    return split_evenly(list(range(len(shard))), num_micro_batches([len(shard)], plan.micro_batch_size))
+
+
+def micro_batch_count(shards: Sequence[Sequence[Mapping[str, Any]]], plan: BatchPlan) -> int:
+    """The micro-batches every rank runs (FSDP's collectives need the same number): the most any rank needs;
+    a rank with fewer runs empty ones."""
+    return max([len(micro_batches(shard, plan)) for shard in shards] + [1])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from relax.engines.client import EngineUnavailable
+from relax.engines.client import EngineError, EngineUnavailable
 from relax.rollout.launcher import EngineSlot
 
 EOS = 0
@@ -57,6 +57,7 @@ class Client:
         self.holding = asyncio.Event()
         self.aborted_all = 0
         self.on_abort: Any = None  # what an abort does to the requests (the dispatcher releases them)
+        self.refuse: set[tuple[int, ...]] = set()  # prompts (input ids) it answers 400 to
 
     async def generate(self, **kwargs: Any) -> dict[str, Any]:
         if self.hold is not None:
@@ -64,6 +65,9 @@ class Client:
             await self.hold.wait()
         if self.engine_id in self.launcher.dead:
             raise EngineUnavailable("connection reset", url=f"http://{self.engine_id}", endpoint="/generate")
+        if tuple(kwargs.get("input_ids", ())) in self.refuse:
+            raise EngineError("the input is longer than the model's context", url=f"http://{self.engine_id}",
+                              endpoint="/generate", status_code=400)
         ids = [5, 6, 7]
         return {"text": "abc", "output_ids": ids,
                 "meta_info": {"finish_reason": {"type": "length"}, "completion_tokens": 3, "weight_version": "0",

@@ -24,12 +24,13 @@ from relax.weights.publication import WeightManifest
 from tests.unit.fake_engines import Client, Launcher, Tokenizer, Transport
 
 
-def build(tmp_path: Path) -> tuple[Rollout, Launcher, dict[str, Client], Transport]:
+def build(tmp_path: Path, **data: Any) -> tuple[Rollout, Launcher, dict[str, Client], Transport]:
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": f"q{i}", "label": "abc"}) + "\n" for i in range(4)))
     settings = RolloutSettings(
-        data=DataSettings(prompt_data=str(prompts), num_rollout=3, rollout_batch_size=2, max_staleness=0,
-                          sampling=SamplingSettings(n_samples=2, max_new_tokens=3)),
+        data=DataSettings(prompt_data=str(prompts), num_rollout=3, rollout_batch_size=2,
+                          sampling=SamplingSettings(n_samples=2, max_new_tokens=3),
+                          **{"max_staleness": 0, **data}),
         fleet=FleetSettings(model_path=str(tmp_path)),
         dispatch=DispatchSettings(stream=False),
     )
@@ -85,5 +86,25 @@ async def test_the_rollout_generates_publishes_and_survives_a_dead_engine_withou
         families = {f.name: f for f in text_string_to_metric_families(render_metrics(status).decode())}
         assert families["relax_training_step"].samples[0].value == 2
         assert families["relax_migrated_requests"].samples[0].value == 0
+    finally:
+        await rollout.aclose()
+
+
+@pytest.mark.timeout(20)
+async def test_a_group_an_engine_refuses_is_dropped_and_counted_and_the_step_trains_on_the_rest(
+        tmp_path: Path) -> None:
+    rollout, launcher, clients, transport = build(tmp_path, max_staleness=3)
+    try:
+        await rollout.fleet.start_initial([(None, 0), (None, 1)])
+        bad = tuple(ord(c) for c in "q1")  # the second prompt: every engine answers it 400
+        for client in clients.values():
+            client.refuse.add(bad)
+        rollout.loop.start()
+        first = await rollout.loop.take(0, timeout=5)
+        assert sorted({s.prompt_index for s in first.samples}) == [0]  # its group dropped, the other trained
+        assert rollout.loop.refused_groups == 1 and rollout.run_status({}).refused_groups == 1
+        second = await rollout.loop.take(1, timeout=5)  # the loop goes on
+        assert sorted({s.prompt_index for s in second.samples}) == [2, 3]
+        assert [r.state for r in rollout.pool.records()] == [EngineState.ACTIVE] * 2  # a refusal is no failure
     finally:
         await rollout.aclose()
