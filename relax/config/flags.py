@@ -227,16 +227,6 @@ class TrainArgs:
         return tuple(tokens)
 
     @property
-    def kl_enabled(self) -> bool:
-        """Whether the KL term contributes to the loss (``--use-kl-loss`` with a zero coef only logs it)."""
-        return self.kl_loss_coef > 0.0
-
-    @property
-    def needs_reference_model(self) -> bool:
-        """A reference model is loaded when KL is in the loss or asked for by ``--use-kl-loss``."""
-        return self.kl_enabled or self.use_kl_loss
-
-    @property
     def resolved_tensorboard_dir(self) -> str:
         """TensorBoard directory: ``--tensorboard-dir`` or ``<output-dir>/tensorboard``."""
         return self.tensorboard_dir or f"{self.output_dir.rstrip('/')}/tensorboard"

@@ -123,12 +123,14 @@ class TrainerConfig:
     use_tis: bool = False
     tis_clip: float = 2.0
     kl_loss_coef: float = 0.0
+    use_kl_loss: bool = False  # the reference model is loaded and the KL logged even at coef 0 (slime's flag)
     kl_loss_type: KLLossType = KLLossType.LOW_VAR_KL
     entropy_coef: float = 0.0
     calculate_per_token_loss: bool = False
     rollout_temperature: float = 1.0
     seed: int = 1234
     micro_batch_size: int | None = None  # samples per forward/backward on one rank; None = all at once
+    balance_data: bool = False  # --balance-data: ranks get even token counts (training.sharding.split_by_tokens)
     use_dynamic_batch_size: bool = False  # --use-dynamic-batch-size: micro-batches by --max-tokens-per-gpu
     max_tokens_per_gpu: int | None = None
     gradient_checkpointing: bool = False
@@ -159,6 +161,11 @@ class TrainerConfig:
         return LossAggregation.TOKEN_MEAN if self.calculate_per_token_loss else LossAggregation.SAMPLE_MEAN
 
     @property
+    def needs_reference(self) -> bool:
+        """A frozen reference copy is sharded on every rank: KL in the loss, or only logged (``--use-kl-loss``)."""
+        return self.kl_loss_coef > 0 or self.use_kl_loss
+
+    @property
     def token_budget(self) -> int | None:
         """Tokens per micro-batch on one rank, padding included (``training.sharding.pack_by_tokens``)."""
         return self.max_tokens_per_gpu if self.use_dynamic_batch_size else None
@@ -175,6 +182,7 @@ class TrainerConfig:
             tis_clip=self.tis_clip,
             kl_coef=self.kl_loss_coef,
             kl_type=KLLossType(self.kl_loss_type),
+            log_kl=self.use_kl_loss,
             entropy_coef=self.entropy_coef,
             aggregation=aggregation or self.aggregation,
         )
@@ -461,7 +469,7 @@ class TrainerActor:
         self.pad_token_id = _pad_token_id(model.config)
         self._prepare_policy(model, config)
         self.model = _shard(model.to(self.device), mesh)
-        if config.kl_loss_coef > 0:
+        if config.needs_reference:
             ref = _load_hf_model(config.hf_checkpoint)
             ref.requires_grad_(False)
             self.ref_model = _shard(ref.to(self.device), mesh).eval()
@@ -488,7 +496,7 @@ class TrainerActor:
         self._hf_keys = list(box[1])
         self.model = _sharded_from_rank0(full, config.hf_checkpoint, mesh, self.device, mp_policy,
                                          prepare=lambda m: self._prepare_policy(m, config))
-        if config.kl_loss_coef > 0:
+        if config.needs_reference:
             self.ref_model = _sharded_from_rank0(full, config.hf_checkpoint, mesh, self.device, mp_policy,
                                                  prepare=lambda m: m.requires_grad_(False)).eval()
         del full
@@ -604,7 +612,7 @@ class TrainerActor:
             with torch.no_grad():
                 entropy = entropy_from_logits(logits.detach(), cfg.rollout_temperature)
         ref_log_probs = None
-        if loss_cfg.kl_coef:
+        if loss_cfg.kl_coef or loss_cfg.log_kl:
             with torch.no_grad():
                 ref_logits = self._response_logits(self.ref_model, mb)
                 ref_log_probs = token_log_probs(ref_logits, mb.targets, cfg.rollout_temperature)

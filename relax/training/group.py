@@ -221,7 +221,7 @@ class TrainerGroup:
         """What whoever shards a global batch for this group must know (``batching.shard_batch``)."""
         return BatchPlan(world_size=self.world_size, micro_batch_size=self.config.micro_batch_size,
                          aggregation=self.config.aggregation, need_rollout_log_probs=self.config.use_tis,
-                         max_tokens=self.config.token_budget)
+                         max_tokens=self.config.token_budget, balance_tokens=self.config.balance_data)
 
     def train_sharded(self, shards: Sequence[Any], denominator: float, num_micro_batches: int,
                       aggregation: LossAggregation | str, *, began: float | None = None) -> dict[str, float]:

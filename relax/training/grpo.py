@@ -151,6 +151,7 @@ class PolicyLossConfig:
     tis_clip: float = 2.0  # C in min(ratio, C)
     kl_coef: float = 0.0  # --kl-loss-coef (against the reference policy)
     kl_type: KLLossType = KLLossType.LOW_VAR_KL  # --kl-loss-type: the estimator (kl_estimate)
+    log_kl: bool = False  # --use-kl-loss: the KL to the reference is measured (metric kl) even at coef 0
     entropy_coef: float = 0.0  # --entropy-coef (bonus: subtracted from the loss)
     aggregation: LossAggregation = LossAggregation.SAMPLE_MEAN  # TOKEN_MEAN with --calculate-per-token-loss
 
@@ -228,11 +229,12 @@ def policy_loss(
     loss = pg_loss
 
     kl = None
-    if config.kl_coef:
+    if config.kl_coef or config.log_kl:
         if ref_log_probs is None:
-            raise ValueError("kl_coef > 0 needs ref_log_probs")
+            raise ValueError("the KL term (kl_coef > 0 or log_kl) needs ref_log_probs")
         kl = kl_estimate(log_probs, ref_log_probs, config.kl_type)
-        loss = loss + config.kl_coef * aggregate(kl, mask, mode, denominator=denominator)
+        if config.kl_coef:
+            loss = loss + config.kl_coef * aggregate(kl, mask, mode, denominator=denominator)
     if config.entropy_coef:
         if entropy is None:
             raise ValueError("entropy_coef > 0 needs the per-token entropy")

@@ -16,7 +16,8 @@ from enum import Enum
 from typing import Any, TypeVar
 
 __all__ = ["BatchPlan", "LossAggregation", "ShardedBatch", "check_samples", "loss_denominator", "micro_batch_count",
-           "micro_batches", "num_micro_batches", "pack_by_tokens", "sample_tokens", "shard_batch", "split_evenly"]
+           "micro_batches", "num_micro_batches", "pack_by_tokens", "sample_tokens", "shard_batch", "split_by_tokens",
+           "split_evenly"]
 
 T = TypeVar("T")
 
@@ -95,6 +96,8 @@ class BatchPlan:
     need_rollout_log_probs: bool = False
     #: tokens per micro-batch, padding included (``--use-dynamic-batch-size --max-tokens-per-gpu``); None: by count
     max_tokens: int | None = None
+    #: ``--balance-data``: samples go to ranks so that their token counts are even, not their sample counts
+    balance_tokens: bool = False
 
 
 @dataclass(frozen=True)
@@ -115,9 +118,25 @@ def shard_batch(samples: Sequence[Mapping[str, Any]], plan: BatchPlan,
         raise ValueError("train_step needs at least one sample")
     check_samples(samples, need_rollout_log_probs=plan.need_rollout_log_probs)
     agg = aggregation or plan.aggregation
-    shards = split_evenly([dict(s) for s in samples], plan.world_size)
+    dicts = [dict(s) for s in samples]
+    shards = split_by_tokens(dicts, plan.world_size) if plan.balance_tokens else split_evenly(dicts, plan.world_size)
     return ShardedBatch(shards=shards, denominator=loss_denominator(samples, agg),
                         num_micro_batches=micro_batch_count(shards, plan), aggregation=agg)
+
+
+def split_by_tokens(samples: Sequence[Mapping[str, Any]], n: int) -> list[list[Any]]:
+    """``n`` shards with even token counts (``--balance-data``): longest first, each to the shard with the fewest
+    tokens so far (then the fewest samples). The step's gradient is the same whatever the split (every loss is
+    divided by the global denominator); what changes is that no rank waits on another's longer shard."""
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    shards: list[list[int]] = [[] for _ in range(n)]
+    load = [0] * n
+    for i in sorted(range(len(samples)), key=lambda k: (-sample_tokens(samples[k]), k)):
+        rank = min(range(n), key=lambda r: (load[r], len(shards[r]), r))
+        shards[rank].append(i)
+        load[rank] += sample_tokens(samples[i])
+    return [[samples[i] for i in sorted(shard)] for shard in shards]
 
 
 def sample_tokens(sample: Mapping[str, Any]) -> int:

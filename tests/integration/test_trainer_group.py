@@ -48,6 +48,7 @@ def config(tiny_preset) -> TrainerConfig:
         use_tis=True, calculate_per_token_loss=True, micro_batch_size=2, seed=7,
         lr_decay_style=LRDecayStyle.LINEAR, lr_decay_iters=50, min_lr=1e-4,  # a rate that differs every step
         use_dynamic_batch_size=True, max_tokens_per_gpu=48,  # micro-batches by a token budget, not by count
+        balance_data=True,  # ranks by token count
     )
 
 
@@ -148,8 +149,9 @@ def test_bad_samples_fail_on_the_driver_and_leave_the_group_usable(group2, token
 
 
 def test_two_ranks_match_one_big_batch(group2, pg, config, tokenizer, tmp_path: Path) -> None:
-    """2 ranks x micro-batches of at most 48 tokens (and 2 samples) == 1 rank x one batch, for token- and
-    sample-mean: the token budget changes the memory a step needs, not its gradient.
+    """2 ranks (samples balanced by tokens) x micro-batches of at most 48 tokens (and 2 samples) == 1 rank x one
+    batch, for token- and sample-mean: the budget and the balance change the memory and the wait, not the
+    gradient.
 
     The 1-rank group starts from the 2-rank group's checkpoint (weights *and* Adam moments), which also
     checks that checkpoints do not depend on the world size.

@@ -280,11 +280,17 @@ def test_sglang_passthrough_flags_reach_sglang_unchanged():
     assert args.num_rollout == 5 and args.rollout_top_k == -1
 
 
-def test_kl_properties():
-    assert not parse_args(["--use-kl-loss", "--kl-loss-coef", "0.00"]).kl_enabled
-    assert parse_args(["--use-kl-loss", "--kl-loss-coef", "0.00"]).needs_reference_model
-    assert parse_args(["--kl-loss-coef", "0.1"]).kl_enabled
-    assert not parse_args([]).needs_reference_model
+def test_kl_flags_reach_the_trainer():
+    """--use-kl-loss loads the reference and logs the KL; it enters the loss only with --kl-loss-coef > 0."""
+    from relax.training.actor import TrainerConfig
+
+    def config(*argv: str) -> TrainerConfig:
+        return TrainerConfig.from_args(parse_args(["--hf-checkpoint", "/m", *argv]))
+
+    logged = config("--use-kl-loss", "--kl-loss-coef", "0.00", "--kl-loss-type", "k2")
+    assert logged.needs_reference and logged.loss_config().log_kl and logged.loss_config().kl_coef == 0.0
+    assert logged.loss_config().kl_type == "k2"
+    assert config("--kl-loss-coef", "0.1").needs_reference and not config().needs_reference
 
 
 def test_parse_args_or_exit_prints_one_line_and_exits_2(capsys):

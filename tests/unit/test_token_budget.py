@@ -59,3 +59,18 @@ def test_the_recipe_flags_give_micro_batches_of_at_most_9216_tokens(tmp_path: Pa
     for shard in shard_batch(samples, plan).shards:
         lengths = [len(s["prompt_token_ids"]) + len(s["response_token_ids"]) for s in shard]
         assert all(padded(p, lengths) <= 9216 for p in micro_batches(shard, plan))
+
+
+def test_balance_data_evens_the_ranks_token_counts_and_keeps_every_sample_once() -> None:
+    lengths = [900, 120, 110, 100, 90, 80, 70, 60]
+    samples = [sample(10, n - 10) | {"sample_index": i} for i, n in enumerate(lengths)]
+    even = shard_batch(samples, BatchPlan(world_size=2))
+    balanced = shard_batch(samples, BatchPlan(world_size=2, balance_tokens=True))
+
+    def tokens(shards: list[list[dict]]) -> list[int]:
+        return [sum(len(s["prompt_token_ids"]) + len(s["response_token_ids"]) for s in shard) for shard in shards]
+
+    assert tokens(even.shards) == [1230, 300]
+    assert tokens(balanced.shards) == [900, 630]  # the long sample alone on one rank: as even as it gets
+    assert sorted(s["sample_index"] for shard in balanced.shards for s in shard) == list(range(8))
+    assert balanced.denominator == even.denominator
