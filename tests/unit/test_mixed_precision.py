@@ -260,7 +260,7 @@ def test_fp16_loss_scaling_unscales_and_skips_an_overflowing_step(mesh) -> None:
         actor.grad_scaler = ShardedGradScaler(device="cpu", init_scale=scale)
         before = [p.full_tensor().clone() for p in model.parameters()]
         actor.grad_scaler.scale(model(x).float().sum()).backward()
-        norm, skipped = actor._clip_and_step()
+        norm, skipped = actor._clip_and_step(lr=1e-2)
         moved = any(not torch.equal(b, p.full_tensor()) for b, p in zip(before, model.parameters(), strict=True))
         assert moved != skipped
         return norm, skipped
