@@ -531,24 +531,24 @@ class TrainerActor:
         ids = torch.full((1, 1), self.pad_token_id, dtype=torch.long, device=self.device)
         return model(input_ids=ids, logits_to_keep=1, use_cache=False).logits
 
-    def _micro_batches(self, samples: Sequence[Mapping[str, Any]], n: int | None) -> list[list[Mapping]]:
+    def _micro_batches(self, samples: Sequence[Mapping[str, Any]], n: int | None) -> list[list[int]]:
         """This rank's shard cut as ``training.sharding.micro_batches`` cuts it (by the token budget, else
-        evenly), padded with empty micro-batches to the ``n`` every rank runs."""
+        evenly): the indices of each micro-batch, padded with empty ones to the ``n`` every rank runs."""
         cfg = self._cfg()
         budget = cfg.token_budget
         if budget is None:
-            return split_evenly(list(samples), n or num_micro_batches([len(samples)], cfg.micro_batch_size))
+            count = n or num_micro_batches([len(samples)], cfg.micro_batch_size)
+            return split_evenly(list(range(len(samples))), count)
         packs = pack_by_tokens([sample_tokens(s) for s in samples], budget, cfg.micro_batch_size)
         over = [sample_tokens(samples[p[0]]) for p in packs if sample_tokens(samples[p[0]]) > budget]
         if over and not self._warned_over_budget:
             self._warned_over_budget = True
             logger.warning("trainer rank %d: a sample of %d tokens is over --max-tokens-per-gpu %d: it is trained "
                            "in a micro-batch of its own (said once)", self.rank, max(over), budget)
-        chunks: list[list[Mapping]] = [[samples[i] for i in pack] for pack in packs]
-        n = len(chunks) if n is None else n
-        if n < len(chunks):
-            raise ValueError(f"{len(chunks)} micro-batches needed, {n} planned: the plan used another budget")
-        return chunks + [[] for _ in range(n - len(chunks))]
+        n = len(packs) if n is None else n
+        if n < len(packs):
+            raise ValueError(f"{len(packs)} micro-batches needed, {n} planned: the plan used another budget")
+        return packs + [[] for _ in range(n - len(packs))]
 
     # ---- training
 
@@ -579,9 +579,9 @@ class TrainerActor:
             raise ValueError(f"global_denominator must be > 0, got {global_denominator}")
         self.model.train()
         acc = _MetricSum()
-        for chunk in self._micro_batches(samples, num_micro_batches):
-            if chunk:
-                metrics, tokens = self._train_micro_batch(chunk, loss_cfg, global_denominator)
+        for pack in self._micro_batches(samples, num_micro_batches):
+            if pack:
+                metrics, tokens = self._train_micro_batch([samples[i] for i in pack], loss_cfg, global_denominator)
                 acc.add(metrics, tokens)
             else:
                 self._dummy_backward()
@@ -673,15 +673,16 @@ class TrainerActor:
     ) -> list[list[float]]:
         """Per-token log-probs of each response (at the rollout temperature), without gradient (collective)."""
         cfg = self._cfg()
-        out: list[list[float]] = []
-        for chunk in self._micro_batches(samples, num_micro_batches):
-            if not chunk:
+        out: list[list[float]] = [[] for _ in samples]
+        for pack in self._micro_batches(samples, num_micro_batches):
+            if not pack:
                 self._dummy_forward(self.model)
                 continue
-            mb = collate(chunk, self.pad_token_id, self.device, need_advantages=False)
+            mb = collate([samples[i] for i in pack], self.pad_token_id, self.device, need_advantages=False)
             lp = token_log_probs(self._response_logits(self.model, mb), mb.targets, cfg.rollout_temperature)
             lp = lp.float().cpu()
-            out.extend(lp[i, :n].tolist() for i, n in enumerate(mb.response_lengths))
+            for row, (i, n) in enumerate(zip(pack, mb.response_lengths, strict=True)):  # in the samples' order
+                out[i] = lp[row, :n].tolist()
         return out
 
     # ---- weights and checkpoints
