@@ -46,7 +46,7 @@ def config(tiny_preset) -> TrainerConfig:
     return TrainerConfig(
         hf_checkpoint=str(tiny_preset.model_dir), lr=1e-3, weight_decay=0.01, clip_grad=1.0,
         use_tis=True, calculate_per_token_loss=True, micro_batch_size=2, seed=7,
-        lr_decay_style=LRDecayStyle.LINEAR, lr_decay_iters=50, min_lr=1e-4,  # a rate that differs every step
+        lr_decay_style=LRDecayStyle.COSINE, lr_decay_iters=50, min_lr=1e-4,  # a rate that differs every step
         use_dynamic_batch_size=True, max_tokens_per_gpu=48,  # micro-batches by a token budget, not by count
         balance_data=True,  # ranks by token count
     )
