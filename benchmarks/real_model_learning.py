@@ -26,10 +26,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from report import machine, save_report
+from report import machine, save_report, smollm2_preset
 
 from relax.demo.local import train_argv
-from relax.presets.smollm2 import SMOLLM2_GRPO, PresetDependencyError, build_smollm2_preset, load_smollm2_preset
+from relax.presets.smollm2 import SMOLLM2_GRPO
 
 
 def _run(argv: list[str], log_path: Path, max_seconds: float) -> tuple[int, bool]:
@@ -56,11 +56,7 @@ def main() -> int:
     parser.add_argument("--out", default="benchmarks/results/real_model_learning.json")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="relax-real-") as tmp:
-        try:
-            preset = load_smollm2_preset(Path(args.preset)) if args.preset else build_smollm2_preset(Path(tmp) / "p")
-        except PresetDependencyError as exc:
-            print(f"real_model_learning: {exc}", file=sys.stderr)
-            return 2
+        preset = smollm2_preset(args.preset, tmp, "real_model_learning")
         out = Path(tmp) / "run"
         argv = train_argv(
             preset, out, num_rollout=args.steps, max_staleness=1, trainer_gpus=1, rollout_gpus=1,

@@ -34,3 +34,17 @@ def bench_model(model_path: str | None, tmp: str | Path, parser: argparse.Argume
     from relax.presets.tiny import build_tiny_preset
 
     return str(build_tiny_preset(Path(tmp) / "tiny").model_dir), "tiny preset"
+
+
+def smollm2_preset(preset_dir: str | None, tmp: str | Path, benchmark: str) -> Any:
+    """The smollm2 preset: ``--preset DIR`` when given, else built under ``tmp`` (~30 s); a missing dependency
+    ends the benchmark with its one line and exit 2."""
+    import sys
+
+    from relax.presets.smollm2 import PresetDependencyError, build_smollm2_preset, load_smollm2_preset
+
+    try:
+        return load_smollm2_preset(Path(preset_dir)) if preset_dir else build_smollm2_preset(Path(tmp) / "p")
+    except PresetDependencyError as exc:
+        print(f"{benchmark}: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None

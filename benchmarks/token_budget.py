@@ -18,9 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from report import machine, save_report
-
-from relax.presets.smollm2 import PresetDependencyError, build_smollm2_preset, load_smollm2_preset
+from report import machine, save_report, smollm2_preset
 
 
 def batch(n: int, tokens: int, vocab: int, seed: int = 0) -> list[dict]:
@@ -81,11 +79,7 @@ def main() -> int:
     from relax.cluster.connect import start_local
 
     with tempfile.TemporaryDirectory(prefix="relax-budget-") as tmp:
-        try:
-            preset = load_smollm2_preset(Path(args.preset)) if args.preset else build_smollm2_preset(Path(tmp) / "p")
-        except PresetDependencyError as exc:
-            print(f"token_budget: {exc}", file=sys.stderr)
-            return 2
+        preset = smollm2_preset(args.preset, tmp, "token_budget")
         from transformers import AutoConfig
 
         vocab = AutoConfig.from_pretrained(preset.model_dir).vocab_size

@@ -105,7 +105,8 @@ def standard_transports(launcher: EngineLauncher, settings: FleetSettings) -> di
 
 
 def max_context(model_path: str) -> int | None:
-    """The engines' context length (one model everywhere): what a migrated prefix must fit."""
+    """The engines' context length (one model everywhere): what a prompt with its response budget, and a
+    migrated prefix, must fit."""
     try:
         value = json.loads((Path(model_path) / "config.json").read_text()).get("max_position_embeddings")
         return int(value) if value else None
@@ -129,23 +130,6 @@ def build_fleet(
     """The engine fleet and its sibling ``WeightSync`` (``fleet.weight_sync``), wired to each other: the sync
     reaches engines through the fleet's clients and fails the engines whose load fails; the fleet brings engines
     up through their first sync. Weight mismatches are recorded as events."""
-    return _fleet_and_weights(pool, router, events, weights, launcher, settings, client_factory=client_factory,
-                              transports=transports, on_change=on_change, drain_notices=drain_notices)[0]
-
-
-def _fleet_and_weights(
-    pool: EnginePool,
-    router: Router,
-    events: EventLog,
-    weights: WeightRegistry,
-    launcher: EngineLauncher,
-    settings: FleetSettings,
-    *,
-    client_factory: ClientFactory | None,
-    transports: Mapping[TransportKind, WeightTransport] | None,
-    on_change: Callable[[], None],
-    drain_notices: Callable[[], Mapping[str, int] | None] | None,
-) -> tuple[EngineFleet, WeightSync]:
     fleet: EngineFleet | None = None
 
     def client(engine_id: str) -> Any:
@@ -165,9 +149,8 @@ def _fleet_and_weights(
     weight_sync = WeightSync(pool, weights, transports or standard_transports(launcher, settings), client,
                              on_failure=failed_load, on_change=on_change, verify=settings.verify_weights,
                              on_verification=on_verification)
-    fleet = EngineFleet(pool, router, events, weights, launcher, settings, weight_sync,
-                        client_factory=client_factory, on_change=on_change, drain_notices=drain_notices)
-    return fleet, weight_sync
+    return EngineFleet(pool, router, events, weights, launcher, settings, weight_sync,
+                       client_factory=client_factory, on_change=on_change, drain_notices=drain_notices)
 
 
 def build_rollout(
@@ -196,9 +179,10 @@ def build_rollout(
     pool = EnginePool(clock, on_transition=on_transition)
     router = Router()
     fleet_settings = settings.fleet
-    fleet, weight_sync = _fleet_and_weights(pool, router, events, weights, launcher, fleet_settings,
-                                            client_factory=client_factory, transports=transports,
-                                            on_change=changed.set, drain_notices=drain_notices)
+    fleet = build_fleet(pool, router, events, weights, launcher, fleet_settings, client_factory=client_factory,
+                        transports=transports, on_change=changed.set, drain_notices=drain_notices)
+    weight_sync = fleet.weight_sync
+    assert isinstance(weight_sync, WeightSync)  # build_fleet's: the concrete sibling, with publish and counters
     eos = getattr(tokenizer, "eos_token_id", None)
     dispatch = replace(settings.dispatch, eos_ids=frozenset() if eos is None else frozenset({int(eos)}),
                        max_context=max_context(fleet_settings.model_path))
