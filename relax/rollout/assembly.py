@@ -149,8 +149,9 @@ def build_fleet(
     weight_sync = WeightSync(pool, weights, transports or standard_transports(launcher, settings), client,
                              on_failure=failed_load, on_change=on_change, verify=settings.verify_weights,
                              on_verification=on_verification)
-    return EngineFleet(pool, router, events, weights, launcher, settings, weight_sync,
-                       client_factory=client_factory, on_change=on_change, drain_notices=drain_notices)
+    fleet = EngineFleet(pool, router, events, weights, launcher, settings, weight_sync,
+                        client_factory=client_factory, on_change=on_change, drain_notices=drain_notices)
+    return fleet  # the closures above reach it from now on
 
 
 def build_rollout(
