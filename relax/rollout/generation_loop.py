@@ -114,9 +114,9 @@ class GenerationLoop:
         ends the loop, as before."""
         refused = [(rec, r) for rec, r in zip(records, results, strict=True)
                    if isinstance(r, SampleLostError) and r.refused]
-        for r in results:
-            if isinstance(r, BaseException) and not (isinstance(r, SampleLostError) and r.refused):
-                raise r
+        failed = [r for r in results if isinstance(r, BaseException) and all(r is not e for _, e in refused)]
+        if failed:
+            raise failed[0]
         if not refused:
             return
         self.refused_groups += len(refused)

@@ -104,7 +104,7 @@ class BatchPlan:
 class ShardedBatch:
     """A checked global batch cut into one shard per rank, with what every rank's step needs to agree on."""
 
-    shards: list[list[dict[str, Any]]]
+    shards: list[list[Mapping[str, Any]]]
     denominator: float
     num_micro_batches: int
     aggregation: LossAggregation
@@ -118,8 +118,8 @@ def shard_batch(samples: Sequence[Mapping[str, Any]], plan: BatchPlan,
         raise ValueError("train_step needs at least one sample")
     check_samples(samples, need_rollout_log_probs=plan.need_rollout_log_probs)
     agg = aggregation or plan.aggregation
-    dicts = [dict(s) for s in samples]
-    shards = split_by_tokens(dicts, plan.world_size) if plan.balance_tokens else split_evenly(dicts, plan.world_size)
+    split = split_by_tokens if plan.balance_tokens else split_evenly
+    shards = split(list(samples), plan.world_size)  # the callers' dicts, not copies: a step's batch is large
     return ShardedBatch(shards=shards, denominator=loss_denominator(samples, agg),
                         num_micro_batches=micro_batch_count(shards, plan), aggregation=agg)
 

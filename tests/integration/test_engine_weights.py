@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
 from tests.integration.test_builtin_engine import _freeze_running, teacher_forced_logprobs
 
@@ -19,16 +18,9 @@ def engine(tiny_preset, start_engine):
 
 
 @pytest.fixture(scope="module")
-def perturbed_dir(tiny_preset, tmp_path_factory):
-    """The preset model with noticeably different weights (what a training step would publish)."""
-    model = AutoModelForCausalLM.from_pretrained(str(tiny_preset.model_dir), dtype=torch.float32)
-    gen = torch.Generator().manual_seed(123)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=gen) * 0.5)
-    out = tmp_path_factory.mktemp("weights-v1")
-    model.save_pretrained(out)
-    return out
+def perturbed_dir(perturbed):
+    """The preset model with different weights (what a training step would publish): the shared fixture's."""
+    return perturbed[0]
 
 
 @pytest.fixture(scope="module")
