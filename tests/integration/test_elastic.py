@@ -10,6 +10,7 @@ import time
 import httpx
 import pytest
 import ray
+from prometheus_client.parser import text_string_to_metric_families
 from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 
 from relax.rollout.api import status_of
@@ -160,17 +161,36 @@ def test_scale_in_past_its_drain_budget_migrates_unfinished_requests(elastic) ->
     status, body = call(elastic, "scale_out", {"num_replicas": 2})
     assert status == 200 and finished(elastic, "scale_out", body["request_id"])["status"] == "ACTIVE"
     victim = next(e for e in engines(elastic) if e["kind"] == "elastic" and e["status"] == "ACTIVE")
-    before = ray.get(elastic.status.remote())["migration"]
     params = {"max_new_tokens": 200, "temperature": 1.0, "ignore_eos": True}
-    in_flight = [elastic.generate.remote(f"migrate-{i}", [1, 2, 3, 4], params) for i in range(8)]
 
     def victim_generated() -> int:
         return httpx.get(f"{victim['url']}/server_info", timeout=10).json()["stats"]["generated_tokens"]
 
-    started = victim_generated()
-    # let the victim generate part of its requests, then freeze it: they are mid-way, by construction
-    wait_until(lambda: victim_generated() - started >= 40, 60, "the victim to generate")
-    assert httpx.post(f"{victim['url']}/pause_generation", json={"mode": "in_place"}, timeout=30).status_code == 200
+    def victim_running() -> int:
+        text = httpx.get(f"{victim['url']}/metrics", timeout=10).text
+        return int(next(s.value for f in text_string_to_metric_families(text) for s in f.samples
+                        if s.name == "sglang:num_running_reqs"))
+
+    def frozen_mid_way(attempt: int) -> list | None:
+        """8 requests; once the victim has generated part of its share, freeze it in place. The tiny model can
+        finish a share between two polls on a loaded machine: then the victim is resumed and it is tried again."""
+        refs = [elastic.generate.remote(f"migrate-{attempt}-{i}", [1, 2, 3, 4], params) for i in range(8)]
+        started = victim_generated()
+        wait_until(lambda: victim_generated() - started >= 40, 60, "the victim to generate")
+        assert httpx.post(f"{victim['url']}/pause_generation", json={"mode": "in_place"},
+                          timeout=30).status_code == 200
+        if victim_running() >= 1:
+            return refs
+        httpx.post(f"{victim['url']}/continue_generation", json={}, timeout=30)
+        ray.get(refs, timeout=180)
+        return None
+
+    before = ray.get(elastic.status.remote())["migration"]
+    for attempt in range(5):
+        if (in_flight := frozen_mid_way(attempt)) is not None:
+            break
+    else:
+        pytest.fail("the victim finished its requests before it could be frozen, 5 times")
     status, body = call(elastic, "scale_in", {"num_replicas": 1, "timeout_secs": 1})
     assert status == 200, body
     outs = ray.get(in_flight, timeout=180)
