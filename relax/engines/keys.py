@@ -15,7 +15,6 @@ finds any engine's keys again (after a restart of its client, for the router), a
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import hmac
 from dataclasses import dataclass, field
@@ -89,8 +88,9 @@ def authorized(path: str, header: str | None, api_key: str | None, admin_api_key
 
 
 def _derive(secret: str, label: str) -> str:
-    digest = hmac.new(secret.encode(), label.encode(), hashlib.sha256).digest()
-    return base64.urlsafe_b64encode(digest).decode().rstrip("=")
+    """Hex, never base64: a key starting with ``-`` (1 in 64 base64 keys) is read as a flag when SGLang turns its
+    ``--config`` file back into arguments (``--admin-api-key: expected one argument``)."""
+    return hmac.new(secret.encode(), label.encode(), hashlib.sha256).hexdigest()
 
 
 def engine_keys(run_secret: str | None, engine_id: str, *, generation: str | None = None) -> EngineKeys:

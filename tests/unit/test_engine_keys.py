@@ -88,3 +88,12 @@ def test_the_ledger_removes_only_what_the_group_made(tmp_path: Path) -> None:
     assert sorted(ledger.sweep(shm)) == sorted([held.name, f"{KMP_PREFIX}{child.pid}_0",
                                                 "deepspeed_allreduce_buffer_0_127.0.0.1_4242_0"])
     assert sorted(p.name for p in shm.iterdir()) == sorted([f"{KMP_PREFIX}{os.getpid()}_0", "someone-elses"])
+
+
+def test_derived_keys_never_look_like_a_flag() -> None:
+    """SGLang re-reads its --config file as arguments: a key starting with '-' would be taken for a flag."""
+    for n in range(500):
+        keys = engine_keys(f"secret-{n}", f"engine_{n % 7}")
+        assert keys.generation and keys.admin
+        assert not keys.generation.startswith("-") and not keys.admin.startswith("-")
+        assert all(c in "0123456789abcdef" for c in keys.generation + keys.admin)
