@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from relax import argtypes
+from relax.config.flags import ConfigError, RelaxArgumentParser
 from relax.engines.builtin.model_impl import MODEL_IMPL_CHOICES
 
 
@@ -64,7 +65,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="relax", description=__doc__.splitlines()[0])
+    """The ``relax`` parser; a usage error raises ConfigError (sub-commands inherit the parser class)."""
+    parser = RelaxArgumentParser(prog="relax", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     preset = sub.add_parser("preset", help="write a model + tokenizer + task preset")
@@ -131,12 +133,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _command_prog(parser: argparse.ArgumentParser, argv: Sequence[str]) -> str:
+    """The prog of the deepest sub-command ``argv`` names (``relax engine serve``), to name it in an error line.
+
+    Why from argv: an unknown flag is reported by the top-level parser, not by the sub-command it was given to.
+    """
+    for token in argv:
+        commands = next((a.choices for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+        if not commands or token not in commands:
+            break
+        parser = commands[token]
+    return parser.prog
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    tokens = list(sys.argv[1:] if argv is None else argv)
     try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:  # --help is 0, a usage error is 2: an exit code, not an exception, for callers
+        args = parser.parse_args(tokens)
+    except SystemExit as exc:  # --help is 0: an exit code, not an exception, for callers
         return int(exc.code or 0)
+    except ConfigError as error:  # a usage error: one line and argparse's exit code 2, not its usage block
+        prog = _command_prog(parser, tokens)
+        print(f"{prog}: error: {error} (see {prog} --help)", file=sys.stderr)
+        return 2
     func: Callable[[argparse.Namespace], int] | None = getattr(args, "func", None)
     if func is None:
         parser.print_help()

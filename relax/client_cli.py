@@ -136,8 +136,9 @@ class ApiClient:
             detail = _clip(response.text) if detail is None else json.dumps(detail)
         if status == 401:
             if not self.token:
-                message = (f"401 unauthorized: this control plane requires the run's token; set {TOKEN_ENV} (a run on "
-                           "this machine writes it to ~/.relax/api-tokens/<port> and <output dir>/api-token)")
+                message = (f"401 unauthorized: this control plane requires the run's token; set {TOKEN_ENV}="
+                           "$(cat <output dir>/api-token) (without it, a run on this machine is found only at the "
+                           "exact address of its 'relax API:' line)")
             else:
                 message = f"401 unauthorized: the run's token ({TOKEN_ENV} or its token file) was rejected ({detail})"
             return ApiError(message, EXIT_USAGE, status=status)
@@ -345,7 +346,8 @@ def _client(args: argparse.Namespace) -> ApiClient:
     url = args.url or os.environ.get(URL_ENV) or DEFAULT_URL
     from relax.cluster.api_token import find_token
 
-    return ApiClient(url, find_token(url), timeout=args.http_timeout)
+    access = find_token(url)
+    return ApiClient(access.url, access.token, timeout=args.http_timeout)
 
 
 def _print_json(body: Any) -> None:

@@ -581,8 +581,9 @@ def _answer(response: httpx.Response, url: str, token: str | None) -> Any:
     if status == 401:
         if token:
             raise MonitorError(f"401 unauthorized: the token (${TOKEN_ENV} or the run's file) was rejected by {url}")
-        raise MonitorError(f"401 unauthorized: {url} requires the run's token; set ${TOKEN_ENV} (a run on this machine "
-                           "writes it to ~/.relax/api-tokens/<port>)")
+        raise MonitorError(f"401 unauthorized: {url} requires the run's token; set {TOKEN_ENV}=$(cat <output dir>/"
+                           "api-token) (without it, a run on this machine is found only at the exact address of its "
+                           "'relax API:' line)")
     path = response.request.url.path
     if status == 404:
         raise MonitorError(f"{url} is not an autoscaler endpoint (GET {path} answered 404)")
@@ -879,8 +880,8 @@ def run_monitor(args: argparse.Namespace) -> int:
     from relax.cluster.api_token import find_token
 
     try:
-        url = normalize_url(args.url)
-        token = find_token(url)
+        access = find_token(normalize_url(args.url))
+        url, token = access.url, access.token
         check_endpoint(url, token, timeout=args.http_timeout)
     except MonitorError as exc:
         print(f"relax monitor: {exc.message}", file=sys.stderr)

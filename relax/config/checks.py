@@ -19,7 +19,7 @@ from pathlib import Path
 
 __all__ = ["RunDirDecision", "RunOutputs", "check_api_host", "check_hf_checkpoint", "check_load", "check_model_type",
            "check_port_free", "check_sglang_python", "check_wandb", "check_weight_shapes", "find_run_outputs",
-           "is_loopback_host", "run_dir_decision", "safetensors_problem"]
+           "is_loopback_host", "run_dir_decision", "safetensors_problem", "wandb_key_warning"]
 
 
 def safetensors_problem(path: Path) -> str | None:
@@ -105,6 +105,16 @@ def check_wandb(use_wandb: bool) -> str | None:
     if not use_wandb or importlib.util.find_spec("wandb") is not None:
         return None
     return f"--use-wandb needs the wandb package, which is not installed: {WANDB_INSTALL}"
+
+
+def wandb_key_warning(wandb_key: str | None) -> str | None:
+    """``--wandb-key`` works, but a command line is public: every user of the machine reads it with ``ps`` for
+    as long as the driver runs. None without the flag, else the warning with the better ways."""
+    if not wandb_key:
+        return None
+    return ("--wandb-key: the command line is readable by every user of this machine (ps, /proc) for the whole "
+            "run; prefer WANDB_API_KEY in the driver's environment (Relax keeps it out of Ray's and the engines' "
+            "processes) or `wandb login` (~/.netrc)")
 
 
 def check_port_free(host: str, port: int, flag: str = "--api-port") -> str | None:

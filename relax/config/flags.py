@@ -236,10 +236,12 @@ class TrainArgs:
 # Parser
 
 
-class _RelaxArgumentParser(argparse.ArgumentParser):
+class RelaxArgumentParser(argparse.ArgumentParser):
     """ArgumentParser that raises ConfigError instead of printing usage and exiting.
 
-    Why: the driver decides how to report (one line, exit 2) and tests can assert on the message.
+    Why: the caller decides how to report (one line, exit 2; not argparse's usage block first) and tests can
+    assert on the message. The training entrypoint and the ``relax`` command (whose sub-commands inherit it)
+    both use it.
     """
 
     def error(self, message: str) -> NoReturn:
@@ -260,7 +262,7 @@ def _rewrite_argparse_message(message: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser for ``python -m relax.entrypoints.train``; errors raise ConfigError."""
-    parser = _RelaxArgumentParser(
+    parser = RelaxArgumentParser(
         prog=PROG,
         description="Fully-asynchronous GRPO post-training on Ray with an elastic rollout pool.",
         epilog="Unknown --sglang-* flags are passed to SGLang as --*. Megatron-only flags are accepted "

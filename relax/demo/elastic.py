@@ -77,10 +77,12 @@ class RunApi:
         self._token = token
 
     def headers(self) -> dict[str, str]:
-        """The run's token: given, ``RELAX_API_TOKEN``, or the one the run wrote for its port on this machine."""
+        """The run's token: given, ``RELAX_API_TOKEN``, or the one the run wrote for this address on this machine."""
         from relax.cluster.api_token import find_token
 
-        token = self._token or find_token(self.url)
+        access = find_token(self.url)
+        # a token found for another literal address than self.url (a name resolving to several) is not sent
+        token = self._token or (access.token if access.url == self.url else None)
         return {"Authorization": f"Bearer {token}"} if token else {}
 
     def _get(self, path: str) -> httpx.Response:

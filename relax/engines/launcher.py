@@ -24,6 +24,7 @@ from pathlib import Path
 
 import httpx
 
+from relax.cluster.secret_env import DRIVER_ONLY, RAY_ONLY, without
 from relax.engines.guard import describe_exit
 from relax.engines.shm_leftovers import ShmLedger, group_pids
 
@@ -35,6 +36,13 @@ DEFAULT_HEALTH_PATH = "/health_generate"
 ENGINE_API_KEY_ENV = "RELAX_ENGINE_API_KEY"
 #: The built-in engine's admin key (SGLang's ``--admin-api-key``), also from the environment only.
 ENGINE_ADMIN_API_KEY_ENV = "RELAX_ENGINE_ADMIN_API_KEY"
+#: The run's secrets an engine server never reads from what it inherits: its own keys come in its spec's env
+#: (or SGLang's config file), the others are the driver's, Ray's, or another engine kind's
+#: (``relax.engines.sglang``'s ``RELAX_SGLANG_API_KEY``, ``RELAX_EXTERNAL_ENGINE_API_KEY``, the router's key).
+WITHHELD_FROM_ENGINES = frozenset({
+    *DRIVER_ONLY, *RAY_ONLY, ENGINE_API_KEY_ENV, ENGINE_ADMIN_API_KEY_ENV,
+    "RELAX_SGLANG_API_KEY", "RELAX_EXTERNAL_ENGINE_API_KEY", "RELAX_SGLANG_ROUTER_API_KEY",
+})
 # Lines of the server log quoted in launch errors: enough for a Python traceback, short enough to read.
 LOG_TAIL_LINES = 40
 _TAIL_BYTES = 64 * 1024
@@ -247,7 +255,7 @@ class ServerProcess:
             log_path.parent.mkdir(parents=True, exist_ok=True)
             for path, text in self.spec.secret_files.items():
                 write_private(path, text)
-            env = {**os.environ, **self.spec.env}
+            env = {**without(os.environ, WITHHELD_FROM_ENGINES), **self.spec.env}
             cwd, why = working_directory(self.spec.cwd, str(log_path.parent))
             if why:
                 logger.warning("%s: %s", self.spec.name, why)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from relax.autoscaler.config import load_autoscaler_config
+from relax.cluster.secret_env import DRIVER_ONLY, WANDB_KEY_ENV, withhold
 from relax.config.checks import (
     check_api_host,
     check_hf_checkpoint,
@@ -31,6 +32,7 @@ from relax.config.checks import (
     find_run_outputs,
     is_loopback_host,
     run_dir_decision,
+    wandb_key_warning,
 )
 from relax.config.flags import (
     SGLANG_PYTHON_ENV,
@@ -84,6 +86,8 @@ def dry_run_checks(args: TrainArgs) -> None:
 
 def preflight(args: TrainArgs) -> None:
     """Every check that needs no cluster, before anything starts (clear errors, exit 2)."""
+    if warning := wandb_key_warning(args.wandb_key):
+        log.warning("%s", warning)
     problems = flag_problems(args)
     problems += [p for p in validate_paths(args) if not p.startswith("--hf-checkpoint")]
     problems += check_hf_checkpoint(args.hf_checkpoint)
@@ -146,6 +150,27 @@ def preflight(args: TrainArgs) -> None:
     decision = run_dir_decision(outputs, resume.step if resume and resume.path else None, args.output_dir, args.load)
     if decision.problem:
         fail(ConfigError(decision.problem))
+    if args.save:
+        _claim_save_dir(args.save)
+
+
+def _claim_save_dir(save: str) -> None:
+    """Make ``--save`` this run's alone, then remove what interrupted saves left there (logged in one line).
+
+    Two live runs saving into one directory would rotate each other's checkpoints away, and a write in progress
+    looks like an interrupted one: so the removal comes only after the claim (the same ``flock`` as the output
+    directory's, dropped by the kernel when the run exits), and a directory another live run holds is refused.
+    """
+    from relax.cluster import scratch
+    from relax.training.checkpoint import remove_save_leftovers
+
+    try:
+        owner = scratch.claim(Path(save))
+    except OSError as exc:
+        fail(ConfigError(f"--save {save}: cannot be used as the checkpoint directory ({exc.strerror or exc})"))
+    if owner:
+        fail(ConfigError(f"--save: {owner}; give this run its own --save directory"))
+    remove_save_leftovers(save)
 
 
 def _resume_choice(args: TrainArgs) -> Any:
@@ -176,10 +201,13 @@ class _Stop:
 
 
 class Driver:
-    def __init__(self, args: TrainArgs, plan: Plan, autoscaler_config: Any = None) -> None:
+    def __init__(self, args: TrainArgs, plan: Plan, autoscaler_config: Any = None,
+                 secrets: dict[str, str] | None = None) -> None:
         self.args = args
         self.plan = plan
         self.autoscaler_config = autoscaler_config
+        # the driver's own secrets (relax.cluster.secret_env.DRIVER_ONLY), out of the environment Ray inherits
+        self.secrets = dict(secrets or {})
         self.stop = _Stop()
         self.run_dir = Path(args.output_dir)
         self.groups: list[Any] = []
@@ -188,7 +216,7 @@ class Driver:
         self.trainer: Any = None
         self.control_plane: Any = None
         self.backend = args.rollout_backend  # `auto` until _resolve_backend asks an engine's node
-        self._token: tuple[str, Path] | None = None  # the control plane's token and its lookup file
+        self._token: tuple[str, list[Path]] | None = None  # the control plane's token and its lookup files
         self.tracking: tracking.Tracking = tracking.NO_TRACKING  # W&B with --use-wandb (relax.training.tracking)
         self._step_times: list[float] = []  # for the console line's ETA (relax.training.console)
         self._migration: dict[str, Any] = {}  # the manager's migration counters at the previous step's row
@@ -283,16 +311,23 @@ class Driver:
         )
         engines = self._result(engines_ref)
         log.info("%d initial engine(s) ACTIVE: %s", len(engines), ", ".join(e["engine_id"] for e in engines))
-        from relax.cluster.api_token import run_token, write_token
+        from relax.cluster.api_token import publish_token, run_token, write_token
 
-        token = run_token()  # every run has one: RELAX_API_TOKEN, else a fresh one
+        token = run_token(self.secrets)  # every run has one: RELAX_API_TOKEN, else a fresh one
         self.control_plane, url = spawn_control_plane(
             self.manager, self.args.api_host, self.args.api_port, token,
             self.plan.control_plane_options() or None, autoscaler_factory=self._autoscaler_factory(),
         )
-        self._token = (token, write_token(token, self.args.api_port, self.run_dir))
+        token_file = write_token(token, self.run_dir)
+        # The CLI's lookup names a listening address of this machine: written only when the control plane
+        # serves here, for the port it actually bound (``--api-port 0`` included).
+        here = self._result(self.control_plane.node_ip.remote()) == ray.util.get_node_ip_address()
+        wildcard = self.args.api_host if self.args.api_host in ("0.0.0.0", "::") else None
+        self._token = (token, publish_token(token, url, wildcard=wildcard) if here else [])
+        found = ("the relax CLI on this machine finds it" if here else
+                 "the control plane serves on another node: set RELAX_API_TOKEN from it there")
         log.info("control plane at %s (REST: %s/rollout/engines, metrics: %s/metrics); its token is in %s "
-                 "(mode 0600): the relax CLI finds it there", url, url, url, self._token[1])
+                 "(mode 0600): %s", url, url, url, token_file, found)
         port = url.rsplit(":", 1)[-1]
         reach = (f"this node only; from another machine: ssh -L {port}:127.0.0.1:{port} <this node>, docs/elastic.md"
                  if is_loopback_host(self.args.api_host) else "reachable from other machines with RELAX_API_TOKEN")
@@ -370,7 +405,8 @@ class Driver:
                 log.warning("%s during start-up: stopping before the first step", self.stop.signal_name)
                 return 0
             start_step, cursor = self._maybe_resume()
-            self.tracking = tracking.start(self.args, self.run_dir, resuming=start_step > 0)
+            self.tracking = tracking.start(self.args, self.run_dir, resuming=start_step > 0,
+                                           api_key=self.args.wandb_key or self.secrets.get(WANDB_KEY_ENV))
             if start_step > 0:
                 metrics.resume(start_step)  # one row per step across the segments; the summary covers them all
                 versions_log.close()  # and the per-sample records of the steps done again
@@ -617,7 +653,8 @@ def main(argv: list[str] | None = None) -> int:
         print(format_plan(plan))
         return 0
     preflight(args)
-    driver = Driver(args, plan, autoscaler)
+    # before Ray starts: its daemons, workers and the engine servers inherit the driver's environment
+    driver = Driver(args, plan, autoscaler, secrets=withhold(os.environ, DRIVER_ONLY))
     try:
         return driver.run()
     except ConfigError as exc:

@@ -49,12 +49,15 @@ from relax.rollout.manager_client import ManagerInternalError, ManagerTimeout, M
 from relax.rollout.prometheus_sd import sd_groups
 from relax.rollout.relax_metrics import CONTENT_TYPE, render_metrics
 from relax.rollout.scaling import ScaleInSpec, ScaleOutSpec
+from relax.single_flight import SharedCall
 
 log = logging.getLogger("relax.api")
 
 __all__ = ["RolloutBackend", "create_app", "status_of"]
 
 OPEN_PATHS = frozenset({"/health", "/metrics"})
+#: How old the ``/metrics`` snapshot may be: Prometheus scrapes every 15 s by default, so a second is fresh.
+METRICS_MAX_AGE_S = 1.0
 """Paths served without a token: a load balancer, a liveness probe or Prometheus must not need the secret."""
 
 MAX_EVENTS_LIMIT = 10_000
@@ -403,6 +406,16 @@ def create_app(backend: RolloutBackend, *, token: str | None, autoscaler: Any | 
         """Liveness of the control plane itself (no token needed; says nothing about the run)."""
         return {"status": "ok"}
 
+    async def relax_status() -> Any:
+        try:
+            return await backend.relax_status()
+        except Exception as exc:
+            if status_of(exc) is None:
+                log.exception("relax_status failed")  # once per snapshot, not once per waiting scraper
+            raise
+
+    status = SharedCall(relax_status, METRICS_MAX_AGE_S)
+
     @app.get(
         "/metrics",
         tags=["control plane"],
@@ -410,12 +423,13 @@ def create_app(backend: RolloutBackend, *, token: str | None, autoscaler: Any | 
         responses={200: {"content": {CONTENT_TYPE: {}}, "description": "Prometheus text"}, 503: {}},
     )
     async def metrics() -> Response:
-        """Relax's own Prometheus metrics: engines per state, training progress, staleness, scale events."""
+        """Relax's own Prometheus metrics: engines per state, training progress, staleness, scale events.
+
+        Open to anyone, so served from a snapshot taken at most once per :data:`METRICS_MAX_AGE_S`: a flood
+        of scrapers costs the rollout manager one call a second, not one per scrape."""
         try:
-            body = await backend.relax_status()
+            body = await status.get()
         except Exception as exc:  # keep the scrape answer a plain-text 503, never a half-written page
-            if status_of(exc) is None:
-                log.exception("relax_status failed")
             return Response(f"# relax status unavailable: {exc}\n", status_code=503, media_type="text/plain")
         if not isinstance(body, Mapping):
             return Response(f"# relax status unavailable: not a mapping: {body!r:.200}\n", status_code=503,

@@ -169,13 +169,21 @@ class ControlPlane:
             sock.close()
             raise
         self._server, self._task = server, task
-        self._url = f"http://{_url_host(self._host)}:{port}"
+        # the bound address, not the flag: a name (``localhost``) is advertised as the address it resolved to
+        bound = self._host if self._host in _WILDCARD_HOSTS else str(sock.getsockname()[0])
+        self._url = f"http://{_url_host(bound)}:{port}"
         log.info("control plane serving on %s (auth %s)", self._url, "on" if self._token else "off")
         return self._url
 
     async def url(self) -> str | None:
         """The base URL while serving, else ``None``."""
         return self._url if self._task is not None and not self._task.done() else None
+
+    async def node_ip(self) -> str:
+        """The IP of the node serving: a token lookup written on another node would name the wrong machine."""
+        import ray
+
+        return str(ray.util.get_node_ip_address())
 
     async def stop(self, timeout_s: float = 5.0) -> None:
         """Stop serving: finish in-flight requests for up to ``timeout_s``, then cut the rest."""

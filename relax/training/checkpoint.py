@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import shutil
 import time
@@ -47,7 +48,12 @@ from typing import Any
 
 import torch
 
-from relax.training.checkpoint_rotation import CHECKPOINT_NAME, checkpoints_to_delete
+from relax.training.checkpoint_rotation import (
+    CHECKPOINT_NAME,
+    checkpoints_to_delete,
+    format_size,
+    interrupted_save_leftovers,
+)
 from relax.training.durable import atomic_write_text
 from relax.weights.buckets import WEIGHTS_FILE, atomic_dir, copy_model_files, write_safetensors
 
@@ -66,6 +72,7 @@ __all__ = [
     "repair_latest",
     "read_optimizer_state",
     "read_trainer_state",
+    "remove_save_leftovers",
     "rotate_checkpoints",
     "write_checkpoint",
     "write_latest",
@@ -299,3 +306,69 @@ def rotate_checkpoints(save_dir: str | Path, keep: int) -> list[Path]:
     if deleted:
         log.info("--keep-checkpoints %d: deleted %s", keep, ", ".join(p.name for p in deleted))
     return deleted
+
+
+# --------------------------------------------------------------------------------------------------
+# What interrupted saves left
+
+
+def remove_save_leftovers(save_dir: str | Path) -> list[str]:
+    """Remove what interrupted saves left in ``save_dir``; returns the names removed.
+
+    Call it only once this process holds the directory's claim (the driver's start-up): a live run's checkpoint
+    being written has the same name as an interrupted one. Which entries go is ``interrupted_save_leftovers``'
+    decision (``.tmp-step_*``, ``.old-step_*``, ``.latest.tmp-*`` of exactly the shapes the saves write, files
+    or directories alike); checkpoints, ``latest`` and the user's files stay. One info line names them and
+    their total size; one warning line names those that could not be removed, and the run goes on. A
+    ``save_dir`` this process cannot see removes nothing.
+    """
+    root = Path(save_dir)
+    try:
+        names = interrupted_save_leftovers(child.name for child in root.iterdir())
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        log.warning("save dir %s: cannot list it (%s); leftovers of interrupted saves, if any, stay", root, exc)
+        return []
+    removed: list[str] = []
+    failed: list[str] = []
+    total = 0
+    for name in names:
+        path = root / name
+        size = _disk_size(path)
+        try:
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+        except FileNotFoundError:  # gone meanwhile: nothing left to remove
+            continue
+        except OSError as exc:
+            failed.append(f"{name} ({exc.strerror or exc})")
+            continue
+        removed.append(name)
+        total += size
+    if removed:
+        log.info("save dir %s: removed %d leftover%s of interrupted saves (%s) %s", root, len(removed),
+                 "" if len(removed) == 1 else "s", ", ".join(removed), format_size(total))
+    if failed:
+        log.warning("save dir %s: could not remove %d leftover%s of interrupted saves: %s; delete by hand", root,
+                    len(failed), "" if len(failed) == 1 else "s", ", ".join(failed))
+    return removed
+
+
+def _disk_size(path: Path) -> int:
+    """Bytes of the files under ``path`` (``path`` itself when it is a file); links are not followed."""
+    try:
+        if not path.is_dir() or path.is_symlink():
+            return path.lstat().st_size
+    except OSError:
+        return 0
+    total = 0
+    for folder, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(folder, name)).st_size
+            except OSError:
+                continue
+    return total

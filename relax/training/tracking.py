@@ -218,8 +218,12 @@ def _argv_scrubbed(secret_values: Sequence[str]) -> Iterator[None]:
         sys.argv = original
 
 
-def start(args: Any, run_dir: Path, resuming: bool, environ: Mapping[str, str] | None = None) -> Tracking:
+def start(args: Any, run_dir: Path, resuming: bool, environ: Mapping[str, str] | None = None,
+          api_key: str | None = None) -> Tracking:
     """Start the W&B run of ``args`` (a ``TrainArgs``) when ``--use-wandb`` is given, else ``NO_TRACKING``.
+
+    ``api_key``: ``--wandb-key``, or the ``WANDB_API_KEY`` the driver took out of its environment before Ray
+    started (``relax.cluster.secret_env``); None leaves W&B to its own login (``~/.netrc``).
 
     ``resuming``: this segment continues from a checkpoint (the W&B run continues too). Offline runs write under
     ``<run_dir>/wandb/`` (``wandb sync`` uploads them later); online ones keep their local copy there too.
@@ -241,8 +245,8 @@ def start(args: Any, run_dir: Path, resuming: bool, environ: Mapping[str, str] |
         settings: dict[str, Any] = {}
         if args.wandb_host:
             settings["base_url"] = args.wandb_host
-        if args.wandb_key and mode == "online":  # used for this run only: not written to ~/.netrc
-            settings["api_key"] = args.wandb_key
+        if api_key and mode == "online":  # used for this run only: not written to ~/.netrc
+            settings["api_key"] = api_key
         run_dir.mkdir(parents=True, exist_ok=True)
         with _argv_scrubbed([args.wandb_key] if args.wandb_key else []):
             run = wandb.init(

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,7 +18,6 @@ import httpx
 import psutil
 import pytest
 
-from relax.cluster.network import free_port
 from relax.demo.elastic import RunApi, wait_until
 from relax.demo.local import train_argv
 
@@ -56,20 +57,48 @@ def while_running(driver: subprocess.Popen, log_path: Path) -> Callable[..., Any
     return wait
 
 
+WANDB_KEY = "wandb-key-for-the-driver-only-0123456789"
+
+
+def environ_of(process: psutil.Process) -> bytes:
+    """The environment a process started with, as the kernel shows it to its user."""
+    try:
+        return Path(f"/proc/{process.pid}/environ").read_bytes()
+    except (FileNotFoundError, ProcessLookupError):
+        return b""
+
+
+def api_url(log_path: Path) -> str | None:
+    """The URL of the driver's "relax API:" line: with ``--api-port 0`` the OS picks the port."""
+    found = re.search(r"^relax API: (http://\S+)", log_path.read_text(errors="replace"), re.MULTILINE)
+    return found.group(1) if found else None
+
+
 def test_rest_scaling_while_training(tiny_preset, tmp_path: Path) -> None:
-    port = free_port()
-    api = RunApi(f"http://127.0.0.1:{port}")
     out, ckpt = tmp_path / "run", tmp_path / "ckpt"
     # one trainer rank: the scaling is the rollout side's (two ranks are the learning and recipe runs' business)
     argv = train_argv(tiny_preset, out, num_rollout=400, max_staleness=1, trainer_gpus=1,
-                      extra=("--api-port", str(port), "--save", str(ckpt)))
+                      extra=("--api-port", "0", "--save", str(ckpt)))
     log_path = tmp_path / "driver.log"
+    env = {k: v for k, v in os.environ.items() if k != "RELAX_API_TOKEN"}
+    env["WANDB_API_KEY"] = WANDB_KEY  # the driver's alone: no engine server nor Ray process may inherit it
     with log_path.open("w") as log:
-        driver = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        driver = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     wait = while_running(driver, log_path)
     try:
         # start-up alone took 3 min 20 s once with the other worker's e2e run beside it on two cores
+        api = RunApi(wait(lambda: api_url(log_path), 420, "the control plane"))
+        # the CLI finds the run's token for the port the OS picked, with no RELAX_API_TOKEN anywhere
+        listed = subprocess.run([sys.executable, "-m", "relax.cli", "engines", "--json", "--url", api.url], env=env,
+                                capture_output=True, text=True, timeout=60)
+        assert listed.returncode == 0 and len(json.loads(listed.stdout)["models"]["default"]["engines"]) == 2, (
+            listed.stderr)
         wait(lambda: api.training_step() >= 3, 420, "training to start")
+        environs = {p.pid: (p.cmdline(), environ_of(p)) for p in psutil.Process(driver.pid).children(recursive=True)}
+        servers = [pid for pid, (cmd, _) in environs.items() if cmd[2:5] == ["relax.cli", "engine", "serve"]]
+        assert len(servers) == 2 and all(b"RELAX_ENGINE_API_KEY=" in environs[pid][1] for pid in servers)
+        leaked = {pid: cmd for pid, (cmd, text) in environs.items() if WANDB_KEY.encode() in text}
+        assert not leaked, leaked
 
         # closed by default: no RELAX_API_TOKEN was set, yet a caller without the run's token changes nothing
         anonymous = httpx.post(f"{api.url}/rollout/scale_out", json={"engine_urls": ["http://127.0.0.1:9"]},

@@ -198,17 +198,66 @@ def test_missing_and_wrong_token_401(relax, monkeypatch, tmp_path):
 
 
 def test_the_token_a_run_wrote_on_this_machine_is_found_without_the_variable(relax, server, monkeypatch, tmp_path):
-    from urllib.parse import urlsplit
-
-    from relax.cluster.api_token import write_token
+    from relax.cluster.api_token import publish_token
 
     monkeypatch.delenv("RELAX_API_TOKEN")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    (tmp_path / "run").mkdir()
-    lookup = write_token(TOKEN, urlsplit(server.url).port, tmp_path / "run")  # what the driver does
+    [lookup] = publish_token(TOKEN, server.url)  # what the driver does, for the port the server bound
     code, out, _ = relax("engines", "--json")
     assert code == 0 and "engines" in out
     assert lookup.stat().st_mode & 0o777 == 0o600 and lookup.parent.stat().st_mode & 0o777 == 0o700
+
+
+class Eavesdropper:
+    """Someone else's listener on the run's port at another address: records every Authorization it gets."""
+
+    def __init__(self, host: str, port: int) -> None:
+        import http.server
+
+        heard = self.heard = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+                heard.append(self.headers.get("Authorization"))
+                self.send_response(401)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        server_class = type("Server", (http.server.ThreadingHTTPServer,), {"address_family": family})
+        self.server = server_class((host, port), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_listener_on_the_same_port_at_another_address_never_gets_the_token(relax, server, monkeypatch, tmp_path):
+    from urllib.parse import urlsplit
+
+    from relax.cluster.api_token import publish_token
+
+    monkeypatch.delenv("RELAX_API_TOKEN")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    port = urlsplit(server.url).port
+    publish_token(TOKEN, server.url)  # the run listens on 127.0.0.1:port
+    others = [Eavesdropper("127.0.0.2", port), Eavesdropper("::1", port)]
+    try:
+        for url in (f"http://127.0.0.2:{port}", f"http://[::1]:{port}"):
+            code, _, err = relax("engines", url=url)
+            assert code == 2 and "401" in err, err
+        # a name goes to the literal address the run listens on, wherever else it resolves
+        code, out, _ = relax("engines", "--json", url=f"http://localhost:{port}")
+        assert code == 0 and "engines" in out
+    finally:
+        for other in others:
+            other.close()
+    assert [other.heard for other in others] == [[None], [None]]  # each was asked, never with the token
 
 
 def test_not_a_control_plane_url(relax, server):

@@ -415,6 +415,27 @@ async def test_metrics_is_503_when_the_backend_cannot_answer():
     assert r.status_code == 503 and "unavailable" in r.text
 
 
+async def test_a_scrape_flood_costs_the_manager_one_call_per_snapshot():
+    class Counting(LocalRollout):
+        calls = 0
+
+        async def relax_status(self):
+            Counting.calls += 1
+            await asyncio.sleep(0.05)  # the Ray round trip: every scraper arrives while it runs
+            return await super().relax_status()
+
+    backend = Counting(initial_engines=2)
+    try:
+        async with _client(create_app(backend, token=None)) as c:
+            answers = await asyncio.gather(*(c.get("/metrics") for _ in range(32)))
+            assert {r.status_code for r in answers} == {200} and len({r.text for r in answers}) == 1
+            assert Counting.calls == 1
+            await c.get("/metrics")  # within the snapshot's second: served from it
+            assert Counting.calls == 1
+    finally:
+        await backend.aclose()
+
+
 # -- auth -------------------------------------------------------------------------------------------
 
 
