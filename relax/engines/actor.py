@@ -46,6 +46,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from relax.cluster.network import LOCALHOST, free_port, node_ip
 from relax.engines.backends import Prepared, cuda_available, engine_backend
 from relax.engines.client import EngineClient, PauseWindow
+from relax.engines.guard import describe_exit
 from relax.engines.launcher import (
     BuiltinOptions,
     LaunchSpec,
@@ -348,8 +349,15 @@ class EngineActor:
                     time.monotonic() - began)
 
     def info(self) -> dict[str, Any] | None:
-        """What ``start`` returned, or None before the engine is ready."""
-        return None if self._info is None else dict(self._info)
+        """What ``start`` returned, or None before the engine is ready; once the server has exited, ``exit``
+        says how (``was killed by SIGKILL (signal 9) — out of memory?``), for the failure's event."""
+        if self._info is None:
+            return None
+        server, info = self._server, dict(self._info)
+        code = None if server is None else server.returncode
+        if code is not None:
+            info["exit"] = describe_exit(code)
+        return info
 
     def url(self) -> str | None:
         return None if self._info is None else self._info["url"]

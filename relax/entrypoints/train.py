@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import time
@@ -143,7 +144,12 @@ def preflight(args: TrainArgs) -> None:
     from relax.cluster import scratch
 
     # Last, once the input is known good: two live runs must not write one output directory (held until exit).
-    if owner := scratch.claim(Path(args.output_dir)):
+    try:
+        owner = scratch.claim(Path(args.output_dir))
+    except OSError as exc:  # an existing file of that name, a read-only mount
+        fail(ConfigError(f"--output-dir {args.output_dir}: cannot be used as the run's directory "
+                         f"({exc.strerror or exc})"))
+    if owner:
         fail(ConfigError(f"--output-dir: {owner}; give this run its own --output-dir"))
     # ... and one output directory holds one run: continued by a resume, never logged into again from step 0.
     outputs = find_run_outputs(args.output_dir, args.resolved_tensorboard_dir)
@@ -192,6 +198,10 @@ def _warn_resume_past_the_end(args: TrainArgs, choice: Any) -> None:
 
 class _StopRequested(Exception):
     """SIGTERM/SIGINT arrived while the driver waited (for data, for the initial engines)."""
+
+
+class _RunFailed(Exception):
+    """A part of the run failed and the driver has said so in one line (:func:`fatal_line`): exit code 1."""
 
 
 @dataclass
@@ -443,6 +453,12 @@ class Driver:
             self._finish(summary, metrics, plot)
             self.tracking.end(summary, self.run_dir / "training.png")
             return 0
+        except Exception as exc:
+            if not _is_run_failure(exc):
+                raise  # a bug of Relax's own: its traceback is what a report needs
+            log.debug("the run's failure", exc_info=exc)
+            log.error("%s", fatal_line(exc))  # the cause first, then the shutdown's lines
+            raise _RunFailed from None
         finally:
             self.tracking.finish()  # a run that did not reach end() is marked failed
             versions_log.close()
@@ -517,7 +533,8 @@ class Driver:
 
     def _result(self, ref: Any) -> Any:
         """``ray.get(ref)``, polled, so that a SIGTERM is honoured while the driver waits (for data, for the
-        engines to start): :class:`_StopRequested` instead of finishing what nobody wants any more."""
+        engines to start): :class:`_StopRequested` instead of finishing what nobody wants any more; and a lost
+        trainer rank ends the wait (:class:`~relax.training.group.TrainerRankError`)."""
         import ray
 
         while True:
@@ -525,6 +542,8 @@ class Driver:
             if ready:
                 return ray.get(ref)
             self._raise_if_stopped()
+            if self.trainer is not None:  # a rank that died stops the run now, not at the next training call
+                self.trainer.raise_if_lost()
 
     def _raise_if_stopped(self) -> None:
         if self.stop.requested:
@@ -636,6 +655,29 @@ def _fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
 
+_OUT_OF_MEMORY = re.compile(r"low on memory|out of memory|OutOfMemoryError|memory monitor", re.IGNORECASE)
+
+
+def _is_run_failure(exc: BaseException) -> bool:
+    """A part of the run failed (a trainer rank, an actor Ray lost): the operator needs one line, not a traceback."""
+    from relax.training.group import TrainerRankError, TrainerTimeoutError
+
+    ray_exceptions = sys.modules.get("ray.exceptions")
+    ray_error = () if ray_exceptions is None else (ray_exceptions.RayError,)
+    return isinstance(exc, (TrainerRankError, TrainerTimeoutError, *ray_error))
+
+
+def fatal_line(exc: BaseException) -> str:
+    """The one line a failed run ends with: what failed, why, and for memory what to change."""
+    from relax.training.group import TrainerRankError, TrainerTimeoutError
+
+    cause = str(exc) if isinstance(exc, (TrainerRankError, TrainerTimeoutError)) else failure_cause(exc)
+    hint = ("; the node ran out of memory (Ray's memory monitor or the kernel ended the process): lower "
+            "--max-tokens-per-gpu or --micro-batch-size, or give the node more memory") if _OUT_OF_MEMORY.search(
+        cause) else ""
+    return f"training stopped: {cause}{hint}"
+
+
 def main(argv: list[str] | None = None) -> int:
     setup_logging()
     args = parse_args_or_exit(argv)
@@ -659,6 +701,8 @@ def main(argv: list[str] | None = None) -> int:
         return driver.run()
     except ConfigError as exc:
         fail(exc)
+    except _RunFailed:  # said in one line already
+        return 1
     except KeyboardInterrupt:
         log.warning("stopped by %s", driver.stop.signal_name or "interrupt")
         return 130

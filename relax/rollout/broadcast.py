@@ -145,11 +145,11 @@ async def open_group(engine_id: str, client: Any, source: WeightSource, settings
     info = await asyncio.wait_for(source.open(name, world_size, settings.backend, settings.timeout_s),
                                   settings.timeout_s)
     try:
-        await asyncio.wait_for(asyncio.gather(
+        await _together((
             client.init_weights_update_group(info["master_address"], info["master_port"], 1, world_size,
                                              group_name=name, backend=settings.backend, timeout=settings.timeout_s),
             source.wait_open(name, settings.timeout_s),
-        ), settings.timeout_s + 5.0)
+        ), settings.timeout_s + 5.0, f"{engine_id} did not join weight group {name} within {settings.timeout_s:g}s")
     except BaseException:
         await _quietly(source.close(name))
         raise
@@ -210,24 +210,32 @@ async def send_version(engine_id: str, client: Any, group: EngineGroup, version:
 
 async def _one_bucket(client: Any, group: EngineGroup, version: int, index: int, spec: BucketSpec, *, last: bool,
                       flush: bool, timeout_s: float) -> int:
-    send = asyncio.ensure_future(group.source.broadcast(group.name, version, index))
-    receive = asyncio.ensure_future(client.update_weights_from_distributed(
-        **spec.to_body(), group_name=group.name, weight_version=version if last else None, load_format=FLATTENED,
-        flush_cache=last and flush, timeout=timeout_s))
+    sent, _ = await _together((
+        group.source.broadcast(group.name, version, index),
+        client.update_weights_from_distributed(
+            **spec.to_body(), group_name=group.name, weight_version=version if last else None, load_format=FLATTENED,
+            flush_cache=last and flush, timeout=timeout_s),
+    ), timeout_s, f"bucket {index} of v{version} not through group {group.name} within {timeout_s:g}s")
+    return int(sent)
+
+
+async def _together(awaitables: tuple[Any, ...], timeout_s: float, late: str) -> list[Any]:
+    """Both sides of a collective, side by side: the first failure raises (a dead engine, a superseded version),
+    the deadline raises ``TimeoutError(late)``. Either way the other side is cancelled and awaited, so no
+    outcome goes unretrieved (asyncio would log "exception was never retrieved" with a traceback)."""
+    tasks = [asyncio.ensure_future(awaitable) for awaitable in awaitables]
     try:
-        done, _ = await asyncio.wait({send, receive}, timeout=timeout_s, return_when=asyncio.FIRST_EXCEPTION)
-        for task in done:
-            task.result()  # the first failure (a dead engine, a superseded version) raises here
-        if len(done) < 2:
-            raise TimeoutError(f"bucket {index} of v{version} not through group {group.name} within {timeout_s:g}s")
-        return int(send.result())
+        done, _ = await asyncio.wait(tasks, timeout=timeout_s, return_when=asyncio.FIRST_EXCEPTION)
+        for task in tasks:
+            if task in done:
+                task.result()
+        if len(done) < len(tasks):
+            raise TimeoutError(late)
+        return [task.result() for task in tasks]
     finally:
-        for task in (send, receive):
-            if not task.done():
-                task.cancel()
-        for task in (send, receive):  # retrieve, so a cancelled or failed side never logs "never retrieved"
-            if task.done() and not task.cancelled():
-                task.exception()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def _quietly(awaitable: Any) -> None:

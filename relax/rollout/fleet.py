@@ -431,13 +431,24 @@ class EngineFleet:
         if self.pool.get(engine_id).state is not EngineState.ACTIVE:  # changed while we looked
             return
         self._leave_routing(engine_id)
-        cause = failure_cause(exc)  # the cause, not Ray's coloured task name: for the record, its event and the log
+        # the cause, not Ray's coloured task name, for the record, its event and the log: a server that exited
+        # is named by how it exited (the signal), not by the connection error its requests met
+        cause = await self._exit_of(engine_id) or failure_cause(exc)
         self.pool.transition(engine_id, EngineState.FAILED, error=cause)
         self._on_change()
         log.warning("%s failed (%s); out of routing, its requests are retried elsewhere", engine_id, cause)
         if not self.router.routable():
             self.routable.clear()
         self._spawn(self._after_failure(engine_id))
+
+    async def _exit_of(self, engine_id: str) -> str | None:
+        """``server process was killed by SIGKILL (signal 9) …`` when the engine's server has exited, else None."""
+        try:
+            info = await asyncio.wait_for(self.launcher.info(engine_id), timeout=HEALTH_TIMEOUT_S)
+        except Exception:  # noqa: BLE001 - the actor may be gone with its server: the request's error says enough
+            return None
+        exit_text = info.get("exit") if isinstance(info, Mapping) else None
+        return f"server process {exit_text}" if exit_text else None
 
     async def _after_failure(self, engine_id: str) -> None:
         slot = self._slots.get(engine_id)

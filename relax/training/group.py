@@ -42,6 +42,10 @@ logger = logging.getLogger(__name__)
 _SHARED_METRICS = frozenset({"grad_norm", "skipped", "step", "lr"})
 
 
+#: How often a waiting driver checks that every trainer rank still exists (:meth:`TrainerGroup.raise_if_lost`).
+PING_INTERVAL_S = 2.0
+
+
 class TrainerRankError(RuntimeError):
     """A trainer rank raised (or died) during ``method``; ``cause`` is the rank's own exception."""
 
@@ -146,6 +150,30 @@ class TrainerGroup:
             raise
         logger.info("trainer group: %d ranks ready (master %s:%d) in %.1fs", n, addr, port,
                     time.perf_counter() - t0)
+        self._pings: dict[int, tuple[Any, float]] = {}  # rank -> (its liveness check in flight, when sent)
+
+    def raise_if_lost(self) -> None:
+        """Raise :class:`TrainerRankError` once a rank's process is gone (Ray's memory monitor, the OOM killer, a
+        lost node), without waiting: a driver that waits for the rollout must not wait on, for the whole partition
+        timeout, a trainer that no longer exists (the engines can get no newer weights from it).
+
+        Each rank has at most one small call in flight (``node_ip``, on its weights threads so it never queues
+        behind a step), renewed every :data:`PING_INTERVAL_S`; a dead actor fails it at once."""
+        import ray
+
+        now = time.monotonic()
+        for rank, actor in enumerate(self._actors):
+            ping = self._pings.get(rank)
+            if ping is not None:
+                if not ray.wait([ping[0]], timeout=0)[0]:
+                    continue
+                try:
+                    ray.get(ping[0])
+                except Exception as exc:  # noqa: BLE001 - re-raised with the rank attached; the caller says it
+                    raise TrainerRankError(rank, "its liveness check", _unwrap(exc)) from exc
+                if now - ping[1] < PING_INTERVAL_S:
+                    continue
+            self._pings[rank] = (actor.node_ip.options(concurrency_group=WEIGHTS_CONCURRENCY_GROUP).remote(), now)
 
     # ---- plumbing
 

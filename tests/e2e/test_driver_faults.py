@@ -149,3 +149,44 @@ def test_a_driver_sigtermed_during_start_up_leaves_nothing(tiny_preset, tmp_path
         print(f"driver SIGTERMed in start-up: exited (code {code}) after {exited:.1f}s, nothing left")
     finally:
         _cleanup(proc)
+
+
+def test_a_trainer_rank_killed_as_the_memory_monitor_kills_ends_the_run_in_one_line(tiny_preset,
+                                                                                    tmp_path: Path) -> None:
+    """Ray's memory monitor (and the kernel's OOM killer) end a worker with SIGKILL. Here the rank dies while the
+    driver waits for the rollout (the engine is stopped, so that wait would last the partition timeout): the
+    driver stops at once with one line naming the rank and Ray's cause, exit code 1, no traceback, and every
+    process of the run goes."""
+    out = tmp_path / "run"
+    proc, log = _start(tiny_preset, out)
+    frozen: list[psutil.Process] = []
+    try:
+        _wait_log(proc, log, "training step 2/")
+        session = _session_of(proc.pid)
+        # the engine's server is stopped in place (SIGSTOP): the driver's next take_step waits for its samples
+        frozen = [p for p in _engine_processes(session) if p.cmdline()[2:5] == ["relax.cli", "engine", "serve"]]
+        assert len(frozen) == 1
+        frozen[0].suspend()
+        ranks = [p for p in session_processes(session) if any("TrainerActor" in part for part in p.cmdline())]
+        assert len(ranks) == 1, [p.cmdline() for p in session_processes(session)]
+        workers = session_processes(session)
+        killed_at = time.monotonic()
+        os.kill(ranks[0].pid, signal.SIGKILL)
+        _wait_log(proc, log, "training stopped: ", timeout=60)  # said before the shutdown, which the frozen
+        frozen[0].resume()  # server would only slow down
+        stopped_after = time.monotonic() - killed_at
+        code = proc.wait(timeout=180)
+        text = log.read_text(errors="replace")
+        assert code == 1, text[-3000:]
+        [line] = [line for line in text.splitlines() if "training stopped: " in line]
+        assert "trainer rank 0 failed in its liveness check: ActorDiedError" in line, line
+        assert "Traceback" not in text, text[-3000:]
+        assert _wait_none(lambda: session_processes(session), timeout=15) < 15
+        assert _wait_none(lambda: _alive(workers), timeout=30) < 30
+        print(f"trainer rank SIGKILLed while the driver waited for the rollout: the run said why in "
+              f"{stopped_after:.1f}s")
+    finally:
+        for p in frozen:
+            with contextlib.suppress(psutil.Error):
+                p.resume()
+        _cleanup(proc)

@@ -127,6 +127,6 @@ def test_an_engine_killed_mid_generation_loses_no_sample_and_keeps_its_tokens(ti
             driver.wait()
     text = log_path.read_text(errors="replace")
     assert driver.returncode == 0, text[-4000:]
-    assert "engine_1 failed" in text
+    assert "engine_1 failed (server process was killed by SIGKILL" in text  # the signal, not a connection error
     continued = assert_crash_lost_nothing(text, out, steps=12)
     print(f"engine crash mid-generation: {continued} request(s) continued elsewhere, 0 tokens regenerated")

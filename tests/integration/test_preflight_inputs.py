@@ -211,3 +211,9 @@ def test_a_wide_api_host_without_a_token_fails_in_preflight(tiny_preset, tmp_pat
 
 def test_the_builtin_backend_ignores_sglang_flags(tiny_preset, tmp_path) -> None:
     preflight(_args(tiny_preset, tmp_path, "--rollout-backend", "builtin", "--sglang-port", "1"))
+
+
+def test_an_output_dir_that_is_a_file_is_one_line(tiny_preset, tmp_path, capsys) -> None:
+    (tmp_path / "out").write_text("not a directory")
+    err = _one_line_failure(_args(tiny_preset, tmp_path), capsys)
+    assert f"--output-dir {tmp_path / 'out'}: cannot be used as the run's directory" in err

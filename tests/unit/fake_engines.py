@@ -26,6 +26,7 @@ class Launcher:
         self.started: list[tuple[str, Any]] = []  # (engine id, slot)
         self.stopped: list[str] = []
         self.dead: set[str] = set()
+        self.exits: dict[str, str] = {}  # how a dead engine's server exited, as the engine actor's info says it
         self.failing = False
 
     async def start(self, engine_id: str, slot: EngineSlot, initial_weights: Any = None) -> dict[str, Any]:
@@ -36,6 +37,10 @@ class Launcher:
 
     async def is_alive(self, engine_id: str, timeout_s: float) -> bool:
         return engine_id not in self.dead
+
+    async def info(self, engine_id: str) -> dict[str, Any]:
+        exit_text = self.exits.get(engine_id)
+        return {"url": f"http://{engine_id}", **({"exit": exit_text} if exit_text else {})}
 
     async def stop(self, engine_id: str, grace_s: float) -> None:
         self.stopped.append(engine_id)

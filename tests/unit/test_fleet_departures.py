@@ -115,6 +115,11 @@ async def test_a_slow_engine_is_kept_and_a_dead_one_is_failed_and_replaced() -> 
         assert f.router.routable() == ["engine_1"]
         await f.until(lambda: "engine_2" in f.pool and f.state("engine_2") is EngineState.ACTIVE)
         assert f.launcher.started[-1] == ("engine_2", EngineSlot(PG, 0)) and "engine_0" in f.launcher.stopped
+        # a server killed by a signal is named by the signal, not by the connection error its requests met
+        f.launcher.dead.add("engine_1")
+        f.launcher.exits["engine_1"] = "was killed by SIGKILL (signal 9) — out of memory?"
+        await f.fleet.on_engine_failure("engine_1", ConnectionResetError("connection reset"))
+        assert f.pool.get("engine_1").last_error == "server process was killed by SIGKILL (signal 9) — out of memory?"
 
 
 @pytest.mark.timeout(10)
