@@ -54,6 +54,7 @@ def _cmd_engine_serve(args: argparse.Namespace) -> int:
         log_level=args.log_level, model_impl=ModelImpl(args.model_impl),
         api_key=args.api_key or os.environ.get(ENGINE_API_KEY_ENV) or None, stream_interval=args.stream_interval,
         admin_api_key=args.admin_api_key or os.environ.get(ENGINE_ADMIN_API_KEY_ENV) or None,
+        **({} if args.stream_stall_timeout is None else {"stream_stall_timeout": args.stream_stall_timeout}),
     ))
 
 
@@ -91,6 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-total-tokens", type=argtypes.positive_int, default=32768)
     serve.add_argument("--stream-interval", type=argtypes.positive_int, default=1,
                        help="tokens between two chunks of a streamed /generate (SGLang's flag and default)")
+    serve.add_argument("--stream-stall-timeout", type=argtypes.non_negative_float, default=None, metavar="SECONDS",
+                       help="abort a streamed /generate whose client has read nothing for this long, releasing "
+                            "its requests and the connection (default: RELAX_ENGINE_STREAM_STALL_TIMEOUT, else 20; "
+                            "0: never)")
     serve.add_argument("--weight-version", default="0")
     serve.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
     serve.add_argument("--num-threads", type=argtypes.positive_int, default=1, help="torch CPU threads")

@@ -337,12 +337,41 @@ async def test_health_fails_like_sglangs_while_generation_is_paused(tiny_preset,
         assert (await http.get("/health")).status_code == 200
         await http.post("/pause_generation", json={"mode": "retract"})
         try:
+            # right after a success: a paused engine is not answered for by that success
             r = await http.get("/health")
             assert r.status_code == 503 and "did not answer within 1s" in r.json()["error"]["message"]
             assert (await _metrics(http))["sglang:num_queue_reqs"] == 0  # the timed-out probe left no request
+            # concurrent probes share the failing probe (sent together, they arrive well within its 1 s)
+            before = (await http.get("/server_info")).json()["health_generations"]
+            answers = await asyncio.gather(*(http.get("/health_generate") for _ in range(8)))
+            assert [r.status_code for r in answers] == [503] * 8
+            assert (await http.get("/server_info")).json()["health_generations"] - before <= 2  # not 8
         finally:
             await http.post("/continue_generation", json={})
-        assert (await http.get("/health_generate")).status_code == 200
+        assert (await http.get("/health_generate")).status_code == 200  # a failure is not served again
+
+
+async def test_concurrent_health_checks_share_one_probe_generation(client) -> None:
+    """32 probers cost one generation: checks arriving while a probe runs wait for its outcome. Paused in place,
+    the probe cannot answer, so every check arrives while it runs."""
+    before = (await client.get("/server_info")).json()
+    await client.post("/pause_generation", json={"mode": "in_place"})
+    try:
+        checks = [asyncio.create_task(client.get("/health_generate")) for _ in range(32)]
+
+        async def all_arrived() -> bool:
+            info = (await client.get("/server_info")).json()
+            return info["health_checks"] - before["health_checks"] == 32
+
+        await _poll(all_arrived)
+        assert (await _metrics(client))["sglang:num_queue_reqs"] == 1  # one probe generation waits, not 32
+        assert not any(c.done() for c in checks)
+    finally:
+        await client.post("/continue_generation")
+    assert [r.status_code for r in await asyncio.gather(*checks)] == [200] * 32
+    after = (await client.get("/server_info")).json()
+    assert after["health_generations"] - before["health_generations"] == 1
+    assert after["stats"]["finished_requests"] - before["stats"]["finished_requests"] == 1
 
 
 async def test_pause_abort_mode_aborts_in_flight(client, prompt_text) -> None:

@@ -6,13 +6,26 @@ import asyncio
 
 import pytest
 
-from relax.single_flight import SharedCall, is_fresh
+from relax.single_flight import SharedCall, Step, next_step
 
 
-def test_an_outcome_is_fresh_for_max_age_only() -> None:
-    assert is_fresh(10.0, 10.0, 1.0) and is_fresh(10.0, 10.999, 1.0)
-    assert not is_fresh(10.0, 11.0, 1.0) and not is_fresh(None, 10.0, 1.0)
-    assert not is_fresh(10.0, 9.0, 1.0)  # a clock that went back is not trusted
+def _step(now: float, *, running: bool = False, finished_at: float | None = None, failed: bool = False,
+          reuse_failures: bool = True, reusable: bool = True) -> Step:
+    return next_step(now=now, running=running, finished_at=finished_at, failed=failed, max_age_s=1.0,
+                     reuse_failures=reuse_failures, reusable=reusable)
+
+
+def test_an_outcome_is_reused_for_max_age_only() -> None:
+    assert _step(10.0) is Step.START and _step(10.0, running=True, finished_at=9.9) is Step.JOIN
+    assert _step(10.0, finished_at=10.0) is Step.REUSE and _step(10.999, finished_at=10.0) is Step.REUSE
+    assert _step(11.0, finished_at=10.0) is Step.START
+    assert _step(9.0, finished_at=10.0) is Step.START  # a clock that went back is not trusted
+
+
+def test_the_owner_says_what_may_be_reused() -> None:
+    assert _step(10.5, finished_at=10.0, failed=True) is Step.REUSE  # /metrics: an outage is not hammered
+    assert _step(10.5, finished_at=10.0, failed=True, reuse_failures=False) is Step.START  # a health check
+    assert _step(10.5, finished_at=10.0, reusable=False) is Step.START
 
 
 async def test_concurrent_callers_share_one_call_and_later_ones_reuse_it_until_it_is_old() -> None:

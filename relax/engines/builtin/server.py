@@ -14,20 +14,20 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import anyio
 import torch
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
 from relax import __version__
 from relax.engines.builtin.decoder import DecoderForCausalLM
 from relax.engines.builtin.engine import DuplicateRequestId, Engine
+from relax.engines.builtin.health import shared_probe
 from relax.engines.builtin.metrics import EngineMetrics
 from relax.engines.builtin.model_impl import ModelImpl, ModelImplError
 from relax.engines.builtin.model_runner import ModelRunner, load_model, resolve_device
@@ -45,7 +45,9 @@ from relax.engines.builtin.protocol import (
 from relax.engines.builtin.rwlock import WriterPreferringLock
 from relax.engines.builtin.scheduler import Capacity
 from relax.engines.builtin.scheduler import Request as EngineRequest
-from relax.engines.builtin.streaming import StreamFeed, Wakeups, abort_unfinished, sse
+from relax.engines.builtin.stream_response import ClientWaits, StallGuardedStream, expose_connection_abort
+from relax.engines.builtin.stream_stall import StallBound, stall_timeout_from_env
+from relax.engines.builtin.streaming import StreamFeed, Wakeups, abort_unfinished, parent_rids, sse
 from relax.engines.builtin.tokenizer import load_tokenizer
 from relax.engines.builtin.weight_checker import WeightsCheckerBody, weights_checksum_answer
 from relax.engines.builtin.weight_updates import DistributedUpdates, WeightUpdateError
@@ -84,6 +86,10 @@ class ServerArgs:
     (``relax.engines.keys``)."""
     stream_interval: int = 1
     """SGLang's ``--stream-interval``: tokens between two chunks of a streamed generation."""
+    stream_stall_timeout: float = field(default_factory=stall_timeout_from_env)
+    """Seconds one write of a streamed generation may wait for a client that does not read before the stream is
+    aborted and its connection closed; 0: never (``stream_stall``). Unless given, ``RELAX_ENGINE_STREAM_STALL_TIMEOUT``
+    or 20."""
 
 
 class ApiError(Exception):
@@ -160,6 +166,11 @@ class BuiltinServer:
         self.weight_loads = 0  # successful /update_weights_from_disk calls since start (server_info)
         self.distributed = DistributedUpdates(self.engine, self.update_lock, self.device)
         self._wakeups: Wakeups | None = None  # streams due on the engine thread, woken on the loop together
+        self.stall_bound = StallBound(args.stream_stall_timeout)
+        self.client_waits = ClientWaits()  # streams whose client is not reading (server_info)
+        # concurrent /health(_generate) calls share one probe generation (relax.engines.builtin.health)
+        self.health = shared_probe(self._health_probe,
+                                   generation_held=lambda: self.engine.paused or self.update_lock.writer_pending)
 
     def _eos_ids(self, model: torch.nn.Module) -> frozenset[int]:
         ids: set[int] = set()
@@ -218,11 +229,12 @@ class BuiltinServer:
         outputs = [self._format(req, body.return_logprob) for req in finished]
         return outputs if body.batched or len(requests) > 1 else outputs[0]
 
-    def stream(self, body: GenerateBody) -> AsyncIterator[bytes]:
+    def stream(self, body: GenerateBody) -> StallGuardedStream:
         """``"stream": true``: server-sent events of each request's output so far (relax.engines.builtin.streaming).
 
         Validated before the first byte, so a bad request is a plain 400, not a broken stream. Submitted when
-        the response starts: a response that never starts (its client gone at once) leaves nothing running.
+        the response starts: a response that never starts (its client gone at once) leaves nothing running. A
+        client that stops reading is given up on after the stall bound (relax.engines.builtin.stream_stall).
         """
         if self._wakeups is None:  # made on the server's loop, at its first stream
             self._wakeups = Wakeups(asyncio.get_running_loop())
@@ -231,12 +243,22 @@ class BuiltinServer:
         for parent in {r.parent_rid for r in requests}:
             if self.engine.has_request(parent):
                 raise ApiError(400, str(DuplicateRequestId(parent)))
-        return self._events(feed, requests, body)
+
+        async def stalled(waited_s: float) -> None:
+            aborted = await abort_unfinished(requests, self.engine.abort, "client stopped reading")
+            log.warning("stream %s stalled: its client read nothing for %.1fs (stream stall timeout %gs); %s, "
+                        "connection closed", ", ".join(parent_rids(requests)), waited_s, self.stall_bound.seconds,
+                        f"aborted {', '.join(aborted)}" if aborted else "its generation had finished")
+
+        return StallGuardedStream(self._events(feed, requests, body), self.stall_bound, stalled,
+                                  media_type="text/event-stream", waits=self.client_waits)
 
     async def _events(self, feed: StreamFeed, requests: list[EngineRequest], body: GenerateBody
-                      ) -> AsyncIterator[bytes]:
-        reader = self.update_lock.reader()
-        await reader.__aenter__()
+                      ) -> AsyncGenerator[bytes, None]:
+        """The stream's events. It holds a reader's slot of the update lock (as a non-streaming generation does)
+        only until its requests finished inside the engine: sending what is left must not hold a weight load."""
+        lease = await self.update_lock.acquire_reader()
+        feed.when_generated(requests, lease.release)
         try:
             try:
                 self._submit(requests)
@@ -250,10 +272,11 @@ class BuiltinServer:
                 final=lambda req: self._format(req, body.return_logprob),
             ):
                 yield chunk
-        finally:  # also when the client went away: the response's task is being cancelled, hence the shield
-            await abort_unfinished(requests, self.engine.abort)
-            with anyio.CancelScope(shield=True):
-                await reader.__aexit__(None, None, None)
+        finally:  # also when the client went away (the response's task is being cancelled: the abort is shielded)
+            aborted = await abort_unfinished(requests, self.engine.abort, "client disconnected")
+            if aborted:
+                log.info("streaming client disconnected: aborted %s", ", ".join(aborted))
+            lease.release()
 
     async def _wait(self, gathered: asyncio.Future[list[EngineRequest]], rids: set[str],
                     disconnected: Callable[[], Awaitable[bool]] | None) -> list[EngineRequest]:
@@ -312,6 +335,28 @@ class BuiltinServer:
             ]
         return {"text": req.output_text, "output_ids": list(req.output_ids), "meta_info": meta}
 
+    # ------------------------------------------------------------------ health
+    async def _health_probe(self) -> None:
+        """One probe generation; raises a 503 when it does not answer within the timeout (SGLang's rule)."""
+        probe = GenerateBody(input_ids=[0], sampling_params={"max_new_tokens": 1, "temperature": 0.0},
+                             rid=f"health-{uuid.uuid4().hex}")
+        began = time.monotonic()
+        task = asyncio.ensure_future(self.generate(probe))
+        try:
+            # Healthy once the probe answers or the engine produced any token since it was sent (a busy
+            # engine need not fit the probe into a full batch): SGLang's rule.
+            while not task.done() and self.engine.last_output_at <= began:
+                if time.monotonic() - began > HEALTH_CHECK_TIMEOUT_S:
+                    raise ApiError(503, f"health generation did not answer within {HEALTH_CHECK_TIMEOUT_S:g}s")
+                await asyncio.sleep(0.02)
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                # the probe could not be generated (the engine is shutting down): not a healthy answer
+                raise ApiError(503, f"health generation failed: {task.exception()}")
+        finally:
+            if not task.done():
+                task.cancel()
+                await asyncio.to_thread(self.engine.abort, probe.rid, "health check answered")
+
     # ------------------------------------------------------------------ weights
     async def update_weights(self, body: UpdateWeightsBody) -> dict[str, Any]:
         """``/update_weights_from_disk``: on a paused engine at once; otherwise behind the writer lock.
@@ -357,6 +402,9 @@ class BuiltinServer:
                 "weight_loads": self.weight_loads,
                 "weight_update_groups": sorted(self.distributed.groups),
                 "distributed_buckets_loaded": self.distributed.buckets_loaded,
+                "health_checks": self.health.gets, "health_generations": self.health.calls,
+                "health_reused": self.health.reused,
+                "stream_writes_waiting": self.client_waits.waiting, "streams_stalled": self.client_waits.stalled,
                 "stats": asdict(self.engine.stats())}
         return info
 
@@ -401,32 +449,19 @@ def create_app(server: BuiltinServer) -> FastAPI:
     @app.post("/generate")
     async def generate(body: GenerateBody, request: Request) -> Any:
         if body.stream:
-            return StreamingResponse(server.stream(body), media_type="text/event-stream")
+            return server.stream(body)
         return await server.generate(body, disconnected=request.is_disconnected)
 
     @app.get("/health")
     @app.get("/health_generate")
     async def health() -> dict[str, str]:
-        """SGLang's health check: a one-token generation, 503 when it does not answer in time.
+        """SGLang's health check: a one-token generation, 503 when it does not answer in time; concurrent checks
+        share one generation (relax.engines.builtin.health).
 
         So, as on SGLang, a probe fails while generation is paused for longer than the timeout or while a
         weight load holds the writer lock; the manager does not probe an engine it is loading.
         """
-        probe = GenerateBody(input_ids=[0], sampling_params={"max_new_tokens": 1, "temperature": 0.0},
-                             rid=f"health-{uuid.uuid4().hex}")
-        began = time.monotonic()
-        task = asyncio.ensure_future(server.generate(probe))
-        try:
-            # Healthy once the probe answers or the engine produced any token since it was sent (a busy
-            # engine need not fit the probe into a full batch): SGLang's rule.
-            while not task.done() and engine.last_output_at <= began:
-                if time.monotonic() - began > HEALTH_CHECK_TIMEOUT_S:
-                    raise ApiError(503, f"health generation did not answer within {HEALTH_CHECK_TIMEOUT_S:g}s")
-                await asyncio.sleep(0.02)
-        finally:
-            if not task.done():
-                task.cancel()
-                await asyncio.to_thread(engine.abort, probe.rid, "health check answered")
+        await server.health.get()
         return {"status": "ok"}
 
     @app.get("/metrics")
@@ -542,11 +577,12 @@ def serve(args: ServerArgs) -> int:
     app = create_app(server)
     server.engine.start()
     parent_watchdog(_orphaned)
-    log.info("built-in engine serving %s on http://%s:%d (weight_version=%s, device=%s, model_impl=%s)",
-             server.model_path, args.host, args.port, server.engine.weight_version, server.device,
-             server.served_by.value)
+    log.info("built-in engine serving %s on http://%s:%d (weight_version=%s, device=%s, model_impl=%s, "
+             "stream_stall_timeout=%gs)", server.model_path, args.host, args.port, server.engine.weight_version,
+             server.device, server.served_by.value, args.stream_stall_timeout)
     # On SIGTERM uvicorn waits for requests in flight; requests held by a pause (a weight load) never finish,
     # so after SHUTDOWN_GRACE_S they are cancelled and the server stops (their callers retry elsewhere).
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False,
-                timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
+    # expose_connection_abort: a stream whose client stopped reading resets its connection (stream_response)
+    uvicorn.run(expose_connection_abort(app), host=args.host, port=args.port, log_level="warning",
+                access_log=False, timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
     return 0

@@ -12,7 +12,13 @@ with ``"stream": true``):
 * ``--stream-interval N`` tokens between chunks (SGLang's default 1): a chunk covers a multiple of N tokens, the
   newest one when several fell due before it was sent; the last chunk always comes;
 * batched input or ``n > 1``: each chunk names its request with ``index``;
-* a client that disconnects has its requests aborted (as a non-streaming one does).
+* a client that disconnects has its requests aborted (as a non-streaming one does); one that stops reading is
+  given up on after the stream stall timeout (``stream_stall``, ``stream_response``).
+
+The stream's slot in the engine's update lock (a reader's, ``rwlock``) is given back when the last of its
+requests finishes inside the engine (:meth:`StreamFeed.when_generated`), not when the client has the last
+byte: an unpaused weight load waits for every reader, and every new request waits behind that load, so the
+slot must not wait on a slow or stalled client.
 
 The engine thread calls :meth:`StreamFeed.progress` after each step; it only compares two integers and, when a
 chunk is due, marks the stream due in :class:`Wakeups`, which wakes the event loop once however many streams fell
@@ -26,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import threading
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -36,9 +41,7 @@ import anyio
 from relax.engines.builtin.scheduler import Request
 from relax.engines.builtin.versions import version_spans
 
-log = logging.getLogger("relax.engine")
-
-__all__ = ["DONE", "StreamFeed", "Wakeups", "abort_unfinished", "sse"]
+__all__ = ["DONE", "StreamFeed", "Wakeups", "abort_unfinished", "parent_rids", "sse"]
 
 DONE = b"data: [DONE]\n\n"
 
@@ -49,18 +52,19 @@ def sse(payload: dict[str, Any]) -> bytes:
 
 
 class Wakeups:
-    """Streams that fell due on the engine thread, woken on the event loop in one go."""
+    """Callbacks that fell due on the engine thread (a stream's wake-up), run on the event loop in one go."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._lock = threading.Lock()
-        self._due: set[asyncio.Event] = set()
+        self._due: set[Callable[[], None]] = set()
         self._scheduled = False
 
-    def due(self, wake: asyncio.Event) -> None:
-        """Engine thread: ``wake`` is to be set; schedules one flush for all of them."""
+    def due(self, callback: Callable[[], None]) -> None:
+        """Engine thread: run ``callback`` on the loop (once, however often it fell due before it ran); one
+        flush is scheduled for all of them."""
         with self._lock:
-            self._due.add(wake)
+            self._due.add(callback)
             if self._scheduled:
                 return
             self._scheduled = True
@@ -69,8 +73,8 @@ class Wakeups:
     def _flush(self) -> None:
         with self._lock:
             due, self._due, self._scheduled = self._due, set(), False
-        for wake in due:
-            wake.set()
+        for callback in due:
+            callback()
 
 
 class StreamFeed:
@@ -84,6 +88,14 @@ class StreamFeed:
         self._wake = asyncio.Event()
         self._notified: dict[int, int] = {}  # id(request) -> output length at its last wake-up (engine thread)
         self._sent: dict[int, int] = {}  # id(request) -> output length of its last chunk (event loop)
+        self._requests: list[Request] = []
+        self._on_generated: Callable[[], None] | None = None
+
+    def when_generated(self, requests: list[Request], callback: Callable[[], None]) -> None:
+        """Event loop, before ``requests`` are submitted: call ``callback`` on the loop, once, as soon as every
+        one of them finished inside the engine (done, stopped or aborted), however far its chunks got."""
+        self._requests = requests
+        self._on_generated = callback
 
     # -- engine thread ------------------------------------------------------------------------------
 
@@ -92,13 +104,19 @@ class StreamFeed:
         n = len(req.output_logprobs)
         if n - self._notified.get(id(req), 0) >= self._interval:
             self._notified[id(req)] = n
-            self._wakeups.due(self._wake)
+            self._wakeups.due(self._wake.set)
 
     def finished(self, req: Request) -> None:
         """``Request.on_finish``: the last chunk is always sent."""
-        self._wakeups.due(self._wake)
+        self._wakeups.due(self._finished_on_loop)
 
     # -- event loop ---------------------------------------------------------------------------------
+
+    def _finished_on_loop(self) -> None:
+        self._wake.set()
+        if self._on_generated is not None and all(r.finished for r in self._requests):
+            callback, self._on_generated = self._on_generated, None
+            callback()
 
     async def chunks(self, requests: list[Request], *, indexed: bool, return_logprob: bool,
                      decode: Callable[[list[int], bool], str], current_version: Callable[[], str],
@@ -155,16 +173,20 @@ class StreamFeed:
         return {"text": decode(ids, req.params.skip_special_tokens), "output_ids": ids, "meta_info": meta}
 
 
-async def abort_unfinished(requests: list[Request], abort: Callable[[str, str], int]) -> None:
-    """A streaming client went away (or the response failed): abort what it was still waiting for.
+def parent_rids(requests: list[Request]) -> list[str]:
+    """The rids a stream's caller gave (one per prompt), in order: what its log lines name."""
+    return list(dict.fromkeys(r.parent_rid for r in requests))
 
-    Runs while the response's task is being cancelled, so it is shielded: without that, the first ``await``
+
+async def abort_unfinished(requests: list[Request], abort: Callable[[str, str], int], reason: str) -> list[str]:
+    """A streaming client went away or stopped reading (or the response failed): abort what it was still
+    waiting for; returns the parent rids aborted (the caller logs why).
+
+    May run while the response's task is being cancelled, so it is shielded: without that, the first ``await``
     would be cancelled too and the requests would generate on for nobody.
     """
-    parents = sorted({r.parent_rid for r in requests if not r.finished})
-    if not parents:
-        return
-    log.info("streaming client disconnected: aborting %s", ", ".join(parents))
+    parents = parent_rids([r for r in requests if not r.finished])
     with anyio.CancelScope(shield=True):
         for rid in parents:
-            await anyio.to_thread.run_sync(abort, rid, "client disconnected")
+            await anyio.to_thread.run_sync(abort, rid, reason)
+    return parents
