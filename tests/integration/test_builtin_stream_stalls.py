@@ -21,14 +21,14 @@ import asyncio
 import json
 import socket
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from transformers import AutoTokenizer
+
+from tests.engine_http import engine_metrics, in_flight, poll
 
 STALL_BOUND_S = 1.5  # the stall engine's RELAX_ENGINE_STREAM_STALL_TIMEOUT
 MARGIN_S = 30.0  # generous: a loaded 2-core machine; the point is "bounded", not "fast"
@@ -89,38 +89,15 @@ def _event_stream(raw: bytes) -> bytes:
     return bytes(events)
 
 
-async def _metrics(http: httpx.AsyncClient) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for family in text_string_to_metric_families((await http.get("/metrics")).text):
-        for s in family.samples:
-            if "le" not in s.labels:
-                out[s.name] = s.value
-    return out
-
-
-async def _in_flight(http: httpx.AsyncClient) -> tuple[float, float]:
-    m = await _metrics(http)
-    return m["sglang:num_running_reqs"], m["sglang:num_queue_reqs"]
-
-
-async def _poll(predicate: Callable[[], Awaitable[bool]], timeout: float = 30.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if await predicate():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"{what}: not met within {timeout}s")
-
-
 async def _queue_paused(http: httpx.AsyncClient, url: str, bodies: list[dict[str, Any]]) -> list[socket.socket]:
     """Pause in place, open a stalled stream per body and wait until all their requests are queued (paused)."""
     await http.post("/pause_generation", json={"mode": "in_place"})
     socks = [_stalled_stream(url, body) for body in bodies]
 
     async def queued() -> bool:
-        return await _in_flight(http) == (0, SAMPLES * len(bodies))
+        return await in_flight(http) == (0, SAMPLES * len(bodies))
 
-    await _poll(queued, what="the stalled streams' requests queued")
+    await poll(queued, timeout=30.0, what="the stalled streams' requests queued")
     return socks
 
 
@@ -176,14 +153,14 @@ async def test_a_stream_gives_its_slot_back_when_its_generation_ends(tiny_preset
             await http.post("/continue_generation", json={})
 
             async def generated() -> bool:
-                return await _in_flight(http) == (0, 0)
+                return await in_flight(http) == (0, 0)
 
-            await _poll(generated, timeout=MARGIN_S, what="the streams' generations done in the engine")
+            await poll(generated, timeout=MARGIN_S, what="the streams' generations done in the engine")
 
             async def blocked() -> bool:  # what makes this a test: both streams still wait on their clients
                 return (await http.get("/server_info")).json()["stream_writes_waiting"] == len(socks)
 
-            await _poll(blocked, what="both streams' writes waiting for their clients")
+            await poll(blocked, timeout=30.0, what="both streams' writes waiting for their clients")
             await _load_unpaused(http, tiny_preset.model_dir)  # before the fix: forever (nobody reads)
             await _generate_works(http, prompt_ids)
             for sock in socks:  # the client reads at last: every chunk is there, the stream ends as usual
@@ -214,7 +191,7 @@ async def _freeze_mid_generation(http: httpx.AsyncClient, url: str, prompt_ids: 
     while True:  # let the engine run one HTTP round trip at a time
         await http.post("/continue_generation", json={})
         await http.post("/pause_generation", json={"mode": "in_place"})
-        m = await _metrics(http)
+        m = await engine_metrics(http)
         running, queued = m["sglang:num_running_reqs"], m["sglang:num_queue_reqs"]
         if running + queued < SAMPLES:
             sock.close()
@@ -239,9 +216,9 @@ async def test_a_stalled_stream_is_aborted_logged_and_its_connection_reset(stall
             try:
                 # frozen, its requests cannot finish: they leave only when the stall aborts them
                 async def aborted() -> bool:
-                    return await _in_flight(http) == (0, 0)
+                    return await in_flight(http) == (0, 0)
 
-                await _poll(aborted, timeout=STALL_BOUND_S + MARGIN_S, what="the stalled stream aborted")
+                await poll(aborted, timeout=STALL_BOUND_S + MARGIN_S, what="the stalled stream aborted")
                 # the connection is closed (reset; or, should the reset come late, ended): the read returns
                 raw, _ = await asyncio.to_thread(_read_to_end, sock)
                 assert b"data: [DONE]" not in raw

@@ -19,15 +19,15 @@ import json
 import os
 import signal
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from transformers import AutoTokenizer
+
+from tests.engine_http import in_flight, poll
 
 SERVER_INTERVAL = 3  # the module engine's --stream-interval
 
@@ -123,29 +123,6 @@ def _partial_lengths(chunks: list[dict[str, Any]]) -> list[int]:
     return [len(c["output_ids"]) for c in chunks if c["meta_info"]["finish_reason"] is None]
 
 
-async def _metrics(http: httpx.AsyncClient) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for family in text_string_to_metric_families((await http.get("/metrics")).text):
-        for s in family.samples:
-            if "le" not in s.labels:
-                out[s.name] = s.value
-    return out
-
-
-async def _poll(predicate: Callable[[], Awaitable[bool]], timeout: float = 15.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if await predicate():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"{what}: not met within {timeout}s")
-
-
-async def _in_flight(http: httpx.AsyncClient) -> tuple[float, float]:
-    m = await _metrics(http)
-    return m["sglang:num_running_reqs"], m["sglang:num_queue_reqs"]
-
-
 # ---------------------------------------------------------------------- the contract rows
 
 
@@ -232,15 +209,15 @@ async def test_a_streaming_client_that_hangs_up_before_any_chunk_is_aborted(engi
             assert r.status_code == 200  # the headers came; no chunk can (paused)
 
             async def queued() -> bool:
-                return await _in_flight(http) == (0, 1)
+                return await in_flight(http) == (0, 1)
 
-            await _poll(queued, what="the streamed request queued")
+            await poll(queued, what="the streamed request queued")
         # the response is closed unread and its connection with it
 
         async def gone() -> bool:
-            return await _in_flight(http) == (0, 0)
+            return await in_flight(http) == (0, 0)
 
-        await _poll(gone, what="the hung-up stream's request aborted")
+        await poll(gone, what="the hung-up stream's request aborted")
         r = await http.post("/abort_request", json={"rid": rid})
         assert r.status_code == 404, r.text
     finally:
@@ -276,11 +253,11 @@ async def test_a_streaming_client_that_hangs_up_mid_generation_is_aborted(engine
                 assert r.status_code == 200
 
                 async def queued() -> bool:
-                    return await _in_flight(http) == (0, 1)
+                    return await in_flight(http) == (0, 1)
 
-                await _poll(queued, what="the streamed request queued")
+                await poll(queued, what="the streamed request queued")
                 deadline = time.monotonic() + 15
-                while (state := await _in_flight(http)) == (0, 1) and time.monotonic() < deadline:
+                while (state := await in_flight(http)) == (0, 1) and time.monotonic() < deadline:
                     await http.post("/continue_generation", json={})
                     await http.post("/pause_generation", json={"mode": "in_place"})
                 if state != (1, 0):
@@ -291,9 +268,9 @@ async def test_a_streaming_client_that_hangs_up_mid_generation_is_aborted(engine
             # the response was closed mid-stream and its connection with it, while the request is frozen
 
             async def gone() -> bool:
-                return await _in_flight(http) == (0, 0)
+                return await in_flight(http) == (0, 0)
 
-            await _poll(gone, what="the hung-up stream's running request aborted")
+            await poll(gone, what="the hung-up stream's running request aborted")
             r = await http.post("/abort_request", json={"rid": rid})
             assert r.status_code == 404, r.text
             return
@@ -351,7 +328,7 @@ async def test_engine_client_generate_stream_round_trip_and_engine_death(engine,
             assert not task.done(), task
             return held.chunks >= 3
 
-        await _poll(some_chunks, what="three chunks streamed")
+        await poll(some_chunks, what="three chunks streamed")
         await control.post("/pause_generation", json={"mode": "in_place"})  # unfinished when it dies
         os.killpg(doomed.pid, signal.SIGKILL)
         with pytest.raises(EngineUnavailable):

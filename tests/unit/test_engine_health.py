@@ -90,6 +90,14 @@ async def _settle() -> None:
         await asyncio.sleep(0)
 
 
+async def _healthy_once(shared: SharedCall[None], probe: Probe) -> None:
+    """One check whose probe generation succeeds."""
+    first = asyncio.ensure_future(shared.get())
+    await _settle()
+    probe.release()
+    await first
+
+
 def _shared(probe: Probe, clock: Clock, held: list[bool] | None = None) -> SharedCall[None]:
     held = held if held is not None else [False]
     return shared_probe(probe, generation_held=lambda: held[0], reuse_s=1.0, clock=clock)
@@ -109,10 +117,7 @@ async def test_concurrent_checks_share_one_generation() -> None:
 async def test_a_recent_success_answers_without_a_generation_then_a_new_probe_runs() -> None:
     probe, clock = Probe(), Clock()
     shared = _shared(probe, clock)
-    first = asyncio.ensure_future(shared.get())
-    await _settle()
-    probe.release()
-    await first
+    await _healthy_once(shared, probe)
     clock.now += 0.999
     await asyncio.wait_for(shared.get(), timeout=5)  # answered at once: no probe to release
     assert probe.started == 1 and shared.reused == 1
@@ -127,10 +132,7 @@ async def test_a_recent_success_answers_without_a_generation_then_a_new_probe_ru
 async def test_no_reuse_while_generation_is_held() -> None:
     probe, clock, held = Probe(), Clock(), [False]
     shared = _shared(probe, clock, held)
-    first = asyncio.ensure_future(shared.get())
-    await _settle()
-    probe.release()
-    await first
+    await _healthy_once(shared, probe)
     held[0] = True  # paused right after the success
     clock.now += 0.1
     check = asyncio.ensure_future(shared.get())
@@ -145,10 +147,7 @@ async def test_a_failure_reaches_every_caller_of_its_probe_and_is_not_reused() -
     probe, clock = Probe(), Clock()
     shared = _shared(probe, clock)
     # a success, then a probe that fails: the success must not answer for the engine after that
-    first = asyncio.ensure_future(shared.get())
-    await _settle()
-    probe.release()
-    await first
+    await _healthy_once(shared, probe)
     clock.now += 5
     checks = [asyncio.ensure_future(shared.get()) for _ in range(4)]
     await _settle()
@@ -165,10 +164,7 @@ async def test_a_failure_reaches_every_caller_of_its_probe_and_is_not_reused() -
 async def test_a_fast_failure_after_a_success_is_not_hidden_by_it() -> None:
     probe, clock = Probe(), Clock()
     shared = _shared(probe, clock)
-    first = asyncio.ensure_future(shared.get())
-    await _settle()
-    probe.release()
-    await first
+    await _healthy_once(shared, probe)
     clock.now += 1.5
     failing = asyncio.ensure_future(shared.get())
     await _settle()
