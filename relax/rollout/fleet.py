@@ -428,12 +428,12 @@ class EngineFleet:
             log.info("%s did not answer a request (%s) but its server runs: kept, the request is retried "
                      "elsewhere", engine_id, failure_cause(exc))
             return
-        if self.pool.get(engine_id).state is not EngineState.ACTIVE:  # changed while we looked
-            return
-        self._leave_routing(engine_id)
         # the cause, not Ray's coloured task name, for the record, its event and the log: a server that exited
         # is named by how it exited (the signal), not by the connection error its requests met
         cause = await self._exit_of(engine_id) or failure_cause(exc)
+        if self.pool.get(engine_id).state is not EngineState.ACTIVE:  # changed while we looked
+            return
+        self._leave_routing(engine_id)
         self.pool.transition(engine_id, EngineState.FAILED, error=cause)
         self._on_change()
         log.warning("%s failed (%s); out of routing, its requests are retried elsewhere", engine_id, cause)

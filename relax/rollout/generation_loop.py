@@ -93,12 +93,12 @@ class GenerationLoop:
             for step in range(start_step, self.settings.num_rollout):
                 await self._wait_for_gate(step)
                 batch = stream.next_batch(self.settings.rollout_batch_size)
-                self._steps[step] = StepTimes(started=time.time(), cursor_end=batch.end.to_dict())
+                times = self._steps[step] = StepTimes(started=time.time(), cursor_end=batch.end.to_dict())
                 await self.buffer.open_partition_async(step, expected_groups=len(batch.records))
                 results = await asyncio.gather(*(self._group_into_buffer(step, rec) for rec in batch.records),
                                                return_exceptions=True)
                 await self._after_refusals(step, batch.records, results)
-                self._steps[step].finished = time.time()
+                times.finished = time.time()  # the step may have been taken already
                 log.debug("rollout step %d/%d generated (%d groups, engine weights v%d)", step + 1,
                           self.settings.num_rollout, len(batch.records), self._engine_version())
             self.gate.mark_idle()
@@ -164,7 +164,7 @@ class GenerationLoop:
             raise
         await self.buffer.clear_async(step)
         self.state_changed.set()
-        times = self._steps[step]
+        times = self._steps.pop(step)  # taken once: a run of days keeps no record per step
         return Partition(step=step, samples=[s for g in groups for s in g.samples], cursor_end=times.cursor_end,
                          metrics=rollout_metrics(groups, times))
 
