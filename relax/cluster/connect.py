@@ -16,6 +16,7 @@ from relax.cluster import ray_auth, scratch
 from relax.cluster.embedded import (
     clean_stale_sessions,
     current_session_dir,
+    embedded_system_config,
     mark_session,
     ray_temp_root,
     stop_session,
@@ -98,6 +99,7 @@ def start_local(num_gpus: int, num_cpus: int, *, resources: dict[str, float] | N
                 include_dashboard=False,
                 runtime_env=runtime_env,
                 log_to_driver=log_to_driver,
+                _system_config=embedded_system_config() or None,
             )
             break
         except Exception as exc:

@@ -9,6 +9,7 @@ metrics → clean shutdown. SIGTERM/SIGINT stop it between steps, with a checkpo
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
@@ -53,7 +54,7 @@ from relax.config.plan import (
 from relax.engines.sglang import api_key_from_env, engine_secret, external_engine_key, reserved_flag_problems
 from relax.logs import LOG_LEVEL_ENV, failure_cause, setup_logging
 from relax.training import tracking
-from relax.training.console import StepLine, eta_seconds
+from relax.training.console import ETA_WINDOW, StepLine, eta_seconds
 
 log = logging.getLogger("relax.train")
 
@@ -228,7 +229,7 @@ class Driver:
         self.backend = args.rollout_backend  # `auto` until _resolve_backend asks an engine's node
         self._token: tuple[str, list[Path]] | None = None  # the control plane's token and its lookup files
         self.tracking: tracking.Tracking = tracking.NO_TRACKING  # W&B with --use-wandb (relax.training.tracking)
-        self._step_times: list[float] = []  # for the console line's ETA (relax.training.console)
+        self._step_times: collections.deque[float] = collections.deque(maxlen=ETA_WINDOW)  # the console ETA
         self._migration: dict[str, Any] = {}  # the manager's migration counters at the previous step's row
         self._report: dict[str, Any] | None = None  # the last step's figures for the manager, not yet sent
         self._status: dict[str, Any] = {}  # the rollout's newest RunStatus (rollout.run_status)
@@ -503,7 +504,7 @@ class Driver:
         self._migration = status["migration"]
         self._status = status
         metrics.log(step + 1, row)
-        self.tracking.log(metrics.rows[-1])
+        self.tracking.log(metrics.last_row)
         seconds = row.get("rollout/seconds")
         self._report = {  # sent with the next step's call (and at the end of the run)
             "step": step + 1, "staleness_mean": row.get("staleness/mean", 0.0),
@@ -514,7 +515,7 @@ class Driver:
         log.info("%s", StepLine(
             step=step + 1, total=total, reward=row.get("rollout/reward_mean"), staleness_max=row.get("staleness/max"),
             active_engines=status["active_engines"], step_s=step_time,
-            eta_s=eta_seconds(self._step_times, total - step - 1),
+            eta_s=eta_seconds(list(self._step_times), total - step - 1),
         ).render(tty=sys.stderr.isatty()))
         log.debug("step %d: response len %.1f, loss %.4f, train %.2fs, publish %.2fs", step + 1,
                   row.get("rollout/response_len_mean", float("nan")), train_metrics.get("loss", float("nan")),
@@ -557,7 +558,7 @@ class Driver:
         row = {k if k.startswith("eval/") else f"eval/{k}": v for k, v in result.items()}
         row["time/eval_s"] = time.monotonic() - began
         metrics.log(step, row, kind="eval")
-        self.tracking.log(metrics.rows[-1])
+        self.tracking.log(metrics.last_row)
         log.info(
             "evaluation at step %d: %s",
             step,
@@ -605,7 +606,7 @@ class Driver:
 
         out = self.run_dir / "summary.json"
         out.write_text(json.dumps(summary, indent=2) + "\n")
-        png = plot_fn(metrics.train_rows, self.run_dir / "training.png") if metrics.rows else None
+        png = plot_fn(metrics.train_rows, self.run_dir / "training.png") if metrics.last_row is not None else None
         log.info("summary: %s", json.dumps(summary))
         print(
             f"\nRelax run finished: {summary['training_steps']} training steps, mean reward "

@@ -53,10 +53,30 @@ def spawn_rollout_manager(settings: RolloutSettings, *, resources: dict[str, flo
                                               resources=resources or None).remote(settings)
 
 
+def keep_big_blocks_out_of_the_heap(threshold: int = 128 * 1024) -> bool:
+    """Fix glibc's mmap threshold (``M_MMAP_THRESHOLD``) for this process; False where there is no glibc.
+
+    glibc raises the threshold to the largest block freed so far (up to 32 MB), after which the manager's
+    step-sized buffers come from its heap and the space they leave stays resident: measured +3.4-6.5 MB a
+    minute, all of it free heap (``malloc_trim`` gave 27 MB back). A fixed threshold keeps blocks above it in
+    their own mappings, returned to the system when freed. ``MALLOC_MMAP_THRESHOLD_`` set by the user wins.
+    """
+    import ctypes
+    import os
+
+    if "MALLOC_MMAP_THRESHOLD_" in os.environ:
+        return False
+    try:
+        return bool(ctypes.CDLL("libc.so.6").mallopt(-3, threshold))  # -3: M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        return False
+
+
 class RolloutManager:
     def __init__(self, settings: RolloutSettings) -> None:
         from transformers import AutoTokenizer
 
+        keep_big_blocks_out_of_the_heap()
         setup_logging()
         backend = resolve_backend(settings.launch.backend)
         ranks = engine_backend(backend).broadcast_ranks(settings.fleet.gpus_per_engine)

@@ -25,6 +25,22 @@ RUN_SECONDS = "time/run_s"
 """Per train row: the run's wall seconds when the row was logged, over every segment up to it (see ``MetricsLog``)."""
 
 
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """The rows of the JSONL file ``path`` (none when it is missing); a line that does not parse into an
+    object, what a crash in mid-write leaves, is skipped."""
+    if not path.exists():
+        return []
+    rows: list[dict[str, Any]] = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line) if line.strip() else None
+        except ValueError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
 def keep_rows(path: Path, keep: Callable[[dict[str, Any]], bool]) -> tuple[list[dict[str, Any]], int]:
     """Rewrite the JSONL file ``path`` with only the rows ``keep`` accepts; returns ``(kept rows, dropped)``.
 
@@ -34,22 +50,17 @@ def keep_rows(path: Path, keep: Callable[[dict[str, Any]], bool]) -> tuple[list[
     """
     if not path.exists():
         return [], 0
+    lines = sum(1 for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
     kept: list[dict[str, Any]] = []
-    dropped = 0
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if not line.strip():
-            continue
+    for row in read_rows(path):
         try:
-            row = json.loads(line)
-            ok = isinstance(row, dict) and bool(keep(row))
-        except (ValueError, KeyError, TypeError):
+            ok = bool(keep(row))
+        except (KeyError, TypeError, ValueError):
             ok = False
         if ok:
             kept.append(row)
-        else:
-            dropped += 1
     atomic_write_text(path, "".join(json.dumps(row) + "\n" for row in kept))
-    return kept, dropped
+    return kept, lines - len(kept)
 
 
 #: Per-sample records of a run directory; their ``step`` counts from 0 (``metrics.jsonl`` counts from 1).
@@ -85,7 +96,7 @@ class MetricsLog:
         out_dir.mkdir(parents=True, exist_ok=True)
         self.path = out_dir / "metrics.jsonl"
         self._file = self.path.open("a", encoding="utf-8")
-        self.rows: list[dict[str, Any]] = []
+        self.last_row: dict[str, Any] | None = None  # the rows themselves live in metrics.jsonl only
         self._clock = clock
         self._began = clock()
         self.prior_wall_s = 0.0
@@ -115,7 +126,7 @@ class MetricsLog:
             kept, dropped = keep_rows(self.path, lambda row: int(row["step"]) <= checkpoint_step)
         finally:
             self._file = self.path.open("a", encoding="utf-8")
-        self.rows = kept
+        self.last_row = kept[-1] if kept else None
         self.prior_wall_s = _prior_wall_seconds([r for r in kept if r.get("kind") == "train"])
         self._began = self._clock()
         if self._tb is not None:
@@ -130,13 +141,21 @@ class MetricsLog:
         row = {"step": step, "kind": kind, **metrics}
         if kind == "train":
             row[RUN_SECONDS] = self.wall_seconds()
-        self.rows.append(row)
+        self.last_row = row
         self._file.write(json.dumps(row) + "\n")
         self._file.flush()
         if self._tb is not None:
             for key, value in metrics.items():
                 if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(float(value)):
                     self._tb.add_scalar(key, float(value), step)
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        """Every row logged so far, read back from metrics.jsonl (for the end-of-run summary and plot): a run of
+        days keeps no row in memory (measured: the list grew the driver by ~1 MB a minute)."""
+        if not self._file.closed:
+            self._file.flush()
+        return read_rows(self.path)
 
     @property
     def train_rows(self) -> list[dict[str, Any]]:

@@ -234,3 +234,24 @@ def test_kl_and_entropy_terms_use_a_frozen_reference(pg, config, tokenizer) -> N
         assert "tis_mean" not in first  # no rollout log-probs in this batch
     finally:
         group.shutdown()
+
+
+def test_a_rank_killed_between_calls_is_found_by_the_liveness_check(pg, config) -> None:
+    """Ray's memory monitor and the OOM killer end a rank with SIGKILL while the driver waits for the rollout
+    (no call of its own in flight): ``raise_if_lost`` finds it within a couple of ping intervals, naming the rank."""
+    import os
+    import signal
+    import time
+
+    import ray
+
+    with TrainerGroup(dataclasses.replace(config, micro_batch_size=None, use_dynamic_batch_size=False), pg,
+                      bundle_indices=[2], init_timeout_s=120, call_timeout_s=120) as one:
+        one.raise_if_lost()  # alive: nothing raised, a check goes out
+        pid = ray.get(one.actors[0].info.remote())["pid"]
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        with pytest.raises(TrainerRankError, match="trainer rank 0 failed in its liveness check: ActorDiedError"):
+            while time.monotonic() < deadline:
+                one.raise_if_lost()
+                time.sleep(0.1)  # the driver's own poll between checks (it waits on the rollout meanwhile)

@@ -14,6 +14,7 @@ import pytest
 import ray
 
 from relax.cluster import connect
+from relax.cluster.embedded import EMBEDDED_RAY_LIMITS, embedded_system_config
 
 TIMED_OUT = Exception("The current node timed out during startup. This could happen because some of the raylet "
                       "failed to startup or the GCS has become overloaded.")
@@ -61,3 +62,35 @@ def test_any_other_failure_is_raised_at_once(calls: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match="bad resources"):
         connect.start_local(num_gpus=1, num_cpus=1)
     assert (calls["init"], calls["stopped"]) == (1, 0)
+
+
+# --- what the embedded cluster's GCS keeps per task stays bounded (relax.cluster.embedded) ---
+
+def test_the_embedded_cluster_bounds_the_task_events_its_gcs_keeps() -> None:
+    config = embedded_system_config({})
+    assert config == EMBEDDED_RAY_LIMITS
+    # Ray's defaults are 100 000 records and 1 000 000 dropped ids: ~350 MB and more over a long run
+    assert 0 < config["task_events_max_num_task_in_gcs"] <= 10_000
+    assert 0 < config["task_events_max_dropped_task_attempts_tracked_per_job_in_gcs"] <= 10_000
+
+
+def test_a_ray_setting_the_user_exported_wins() -> None:
+    # _system_config overrides RAY_* variables inside Ray, so a name the user set must not be passed at all
+    config = embedded_system_config({"RAY_task_events_max_num_task_in_gcs": "500"})
+    assert "task_events_max_num_task_in_gcs" not in config
+    assert "task_events_max_dropped_task_attempts_tracked_per_job_in_gcs" in config
+
+
+def test_every_limit_is_a_setting_of_this_ray() -> None:
+    # an unknown _system_config name stops the GCS at start ("Received unexpected config parameter")
+    from ray._raylet import Config
+
+    for name in EMBEDDED_RAY_LIMITS:
+        assert hasattr(Config, name), name
+
+
+def test_start_local_passes_the_limits_to_ray(calls: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr(ray, "init", lambda **kwargs: seen.update(kwargs))
+    connect.start_local(num_gpus=1, num_cpus=1)
+    assert seen.get("_system_config") == embedded_system_config()
