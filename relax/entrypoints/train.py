@@ -450,8 +450,9 @@ class Driver:
                 log.warning("%s: stopping after step %s", self.stop.signal_name, last_done[0] if last_done else "-")
                 if self.args.save and last_done is not None and last_done[0] != last_saved:
                     self._save(*last_done)
-            summary = summarize(metrics.train_rows, metrics.wall_seconds(), self._status)
-            self._finish(summary, metrics, plot)
+            train_rows = metrics.train_rows  # read back from metrics.jsonl once, for the summary and the plot
+            summary = summarize(train_rows, metrics.wall_seconds(), self._status)
+            self._finish(summary, metrics, train_rows, plot)
             self.tracking.end(summary, self.run_dir / "training.png")
             return 0
         except Exception as exc:
@@ -602,11 +603,11 @@ class Driver:
         log.info("checkpoint saved: %s", path)
         rotate_checkpoints(self.args.save, self.args.keep_checkpoints)  # a failure logs a line, never raises
 
-    def _finish(self, summary: dict[str, Any], metrics: Any, plot_fn: Any) -> None:
+    def _finish(self, summary: dict[str, Any], metrics: Any, train_rows: list[dict[str, Any]], plot_fn: Any) -> None:
 
         out = self.run_dir / "summary.json"
         out.write_text(json.dumps(summary, indent=2) + "\n")
-        png = plot_fn(metrics.train_rows, self.run_dir / "training.png") if metrics.last_row is not None else None
+        png = plot_fn(train_rows, self.run_dir / "training.png") if metrics.last_row is not None else None
         log.info("summary: %s", json.dumps(summary))
         print(
             f"\nRelax run finished: {summary['training_steps']} training steps, mean reward "
