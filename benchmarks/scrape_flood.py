@@ -2,15 +2,18 @@
 probers on one engine's ``/health_generate``, against the same run's quiet steps per second.
 
 Both endpoints are open (Prometheus and liveness probes need no secret), so anyone on the host can call them
-as fast as they like. Runs the tiny recipe (2 trainer ranks, 2 built-in engines) for several windows: quiet,
-``/metrics`` flood, quiet, ``/health_generate`` flood, quiet; the cost of a flood is its steps per second against
-the mean of the quiet windows beside it. The flood's own CPU is on the same host, as an abusive neighbour's
-would be; it runs on raw keep-alive sockets in one thread, so it is small (reported per phase).
+as fast as they like. Runs the tiny recipe (2 trainer ranks, 2 built-in engines) and, ``--cycles`` times, each
+flood between quiet windows: ``/metrics``, ``/health_generate``, and the same ``/health_generate`` flood sent
+with the engine's key (a caller of the run, which the servers do not pace). A flood's cost is its windows'
+steps per second against the mean of the quiet windows beside them; steps per second drift by ±10 % over a
+run here, so each flood is measured several times, between its own neighbours. The flood's own CPU is on the
+same host, as an abusive neighbour's would be; it runs on raw keep-alive sockets in one thread, so it is small
+(reported per window).
 
 ``--tree DIR`` runs another checkout of Relax (for example the commit before a change, from ``git worktree
 add``) with the same workload, so the two compare on one machine:
 
-    python benchmarks/scrape_flood.py [--window 40] [--tree /tmp/relax-before --label before]
+    python benchmarks/scrape_flood.py [--window 20 --cycles 3] [--tree /tmp/relax-before --label before]
 """
 
 from __future__ import annotations
@@ -117,7 +120,7 @@ def window(metrics: Path, seconds: float, load: dict | None = None) -> dict[str,
     return {"steps_per_s": round((train_rows(metrics) - rows) / took, 3), **result}
 
 
-def measure(out: Path, preset, seconds: float, tree: str | None, scrapers: int) -> dict:
+def measure(out: Path, preset, seconds: float, tree: str | None, scrapers: int, cycles: int) -> dict:
     argv = train_argv(preset, out, num_rollout=100000, max_staleness=1, extra=("--api-port", "0"))
     engine_key = secrets.token_hex(16)
     env = {**os.environ, "RELAX_ENGINE_API_KEY": engine_key}
@@ -140,15 +143,19 @@ def measure(out: Path, preset, seconds: float, tree: str | None, scrapers: int) 
                             trust_env=False, timeout=10).json()["models"]["default"]["engines"]
         engine = engines[0]["url"]
         metrics = out / "metrics.jsonl"
-        phases = {
-            "quiet_1": window(metrics, seconds),
-            "metrics_flood": window(metrics, seconds, {"url": f"{url}/metrics", "headers": {}, "scrapers": scrapers}),
-            "quiet_2": window(metrics, seconds),
-            "health_generate_flood": window(metrics, seconds, {
-                "url": f"{engine}/health_generate", "headers": {"Authorization": f"Bearer {engine_key}"},
-                "scrapers": scrapers}),
-            "quiet_3": window(metrics, seconds),
+        floods = {
+            "metrics": {"url": f"{url}/metrics", "headers": {}, "scrapers": scrapers},
+            "health_generate": {"url": f"{engine}/health_generate", "headers": {}, "scrapers": scrapers},
+            # the same flood from a holder of the engine's key (a router, a script of the run): not paced
+            "health_generate_keyed": {"url": f"{engine}/health_generate",
+                                      "headers": {"Authorization": f"Bearer {engine_key}"}, "scrapers": scrapers},
         }
+        windows: list[dict] = []
+        for cycle in range(cycles):
+            for name, load in floods.items():
+                windows.append({"cycle": cycle, "flood": None, **window(metrics, seconds)})
+                windows.append({"cycle": cycle, "flood": name, **window(metrics, seconds, load)})
+        windows.append({"cycle": cycles, "flood": None, **window(metrics, seconds)})
     finally:
         if driver.poll() is None:
             driver.terminate()  # its SIGTERM path: stop after the step, shut everything down
@@ -157,18 +164,28 @@ def measure(out: Path, preset, seconds: float, tree: str | None, scrapers: int) 
             except subprocess.TimeoutExpired:
                 os.killpg(driver.pid, 9)
                 driver.wait()
+    return {"windows": windows, **{f"{name}_flood": flood_cost(windows, name) for name in floods}}
 
-    def cost(flooded: str, before: str, after: str) -> float:
-        quiet = (phases[before]["steps_per_s"] + phases[after]["steps_per_s"]) / 2
-        return round(1 - phases[flooded]["steps_per_s"] / quiet, 3) if quiet else float("nan")
 
-    return {"phases": phases, "metrics_flood_cost": cost("metrics_flood", "quiet_1", "quiet_2"),
-            "health_generate_flood_cost": cost("health_generate_flood", "quiet_2", "quiet_3")}
+def flood_cost(windows: list[dict], name: str) -> dict[str, float]:
+    """A flood's cost: 1 - its windows' mean steps per second over the mean of the quiet windows on either side
+    of each (each flood window is compared with its own neighbours, so a drift over the run cancels out)."""
+    flooded, quiet, rates = [], [], []
+    for i, w in enumerate(windows):
+        if w["flood"] == name:
+            flooded.append(w["steps_per_s"])
+            quiet += [windows[i - 1]["steps_per_s"], windows[i + 1]["steps_per_s"]]
+            rates.append(w["requests_per_s"])
+    mean_quiet = sum(quiet) / len(quiet)
+    return {"cost": round(1 - sum(flooded) / len(flooded) / mean_quiet, 3) if mean_quiet else float("nan"),
+            "steps_per_s": round(sum(flooded) / len(flooded), 3), "quiet_steps_per_s": round(mean_quiet, 3),
+            "requests_per_s": round(sum(rates) / len(rates), 1)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--window", type=float, default=40.0, help="seconds per phase")
+    parser.add_argument("--window", type=float, default=20.0, help="seconds per window")
+    parser.add_argument("--cycles", type=int, default=3, help="times each flood runs, each between quiet windows")
     parser.add_argument("--scrapers", type=int, default=SCRAPERS)
     parser.add_argument("--tree", help="another checkout of Relax to run instead of this one")
     parser.add_argument("--label", default="this tree")
@@ -176,13 +193,13 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="relax-flood-") as tmp:
         preset = build_tiny_preset(Path(tmp) / "tiny")
-        result = measure(Path(tmp) / "run", preset, args.window, args.tree, args.scrapers)
+        result = measure(Path(tmp) / "run", preset, args.window, args.tree, args.scrapers, args.cycles)
     save_report({
         "benchmark": "scrape_flood",
         "label": args.label,
         "tree": args.tree or str(Path(__file__).resolve().parents[1]),
         "workload": f"tiny preset, 2 trainer ranks + 2 built-in engines; {args.scrapers} scrapers per flood, "
-                    f"{args.window:g} s per phase",
+                    f"{args.cycles} cycles of {args.window:g} s windows",
         **result,
     }, args.out)
 

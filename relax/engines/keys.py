@@ -70,6 +70,16 @@ def is_admin_route(path: str) -> bool:
     return path.rstrip("/") in ADMIN_ROUTES
 
 
+def is_open_route(path: str) -> bool:
+    """Whether ``path`` is a probe or scrape route, open without a key (on SGLang too)."""
+    return path.startswith(OPEN_ROUTE_PREFIXES)
+
+
+def carries_a_key(header: str | None, api_key: str | None, admin_api_key: str | None) -> bool:
+    """Whether ``Authorization: header`` carries either key of this engine (a caller of the run, not anonymous)."""
+    return any(key and _bearer_matches(header, key) for key in (api_key, admin_api_key))
+
+
 def _bearer_matches(header: str | None, key: str) -> bool:
     return header is not None and hmac.compare_digest(header.encode(), f"Bearer {key}".encode())
 
@@ -81,7 +91,7 @@ def authorized(path: str, header: str | None, api_key: str | None, admin_api_key
     refused there), else the generation key when there is one. Any other route needs the generation key when
     there is one (the admin key is refused there).
     """
-    if path.startswith(OPEN_ROUTE_PREFIXES):
+    if is_open_route(path):
         return True
     key = (admin_api_key or api_key) if is_admin_route(path) else api_key
     return key is None or _bearer_matches(header, key)
@@ -105,4 +115,5 @@ def engine_keys(run_secret: str | None, engine_id: str, *, generation: str | Non
                       _derive(run_secret, f"{engine_id}/admin"))
 
 
-__all__ = ["ADMIN_ROUTES", "OPEN_ROUTE_PREFIXES", "EngineKeys", "authorized", "engine_keys", "is_admin_route"]
+__all__ = ["ADMIN_ROUTES", "OPEN_ROUTE_PREFIXES", "EngineKeys", "authorized", "carries_a_key", "engine_keys",
+           "is_admin_route", "is_open_route"]

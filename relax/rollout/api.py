@@ -27,6 +27,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from relax.pace import Pace, PaceAnonymous
 from relax.rollout.api_models import (
     CancelBatchBody,
     CancelBatchResponse,
@@ -249,20 +250,33 @@ class BearerAuth:
             if name == b"authorization":
                 header = value.decode("latin-1")
                 break
-        scheme, _, credentials = header.partition(" ")
-        if not header:
-            problem = "missing 'Authorization: Bearer <token>' header (the token is RELAX_API_TOKEN)"
-        elif scheme.lower() != "bearer" or not credentials.strip():
-            problem = "the Authorization header must be 'Bearer <token>'"
-        elif not hmac.compare_digest(credentials.strip().encode("latin-1", "replace"), self._token):
-            problem = "invalid token: it does not match the run's RELAX_API_TOKEN"
-        else:
+        problem = _token_problem(header, self._token)
+        if problem is None:
             await self.app(scope, receive, send)
             return
         response = JSONResponse(
             {"detail": problem, "field": None}, status_code=401, headers={"WWW-Authenticate": "Bearer"}
         )
         await response(scope, receive, send)
+
+
+def _token_problem(header: str | None, token: bytes) -> str | None:
+    """What is wrong with ``Authorization: header`` for the run's ``token``; None when it carries the token.
+
+    The comparison is constant-time (``hmac.compare_digest``) so the token cannot be guessed byte by byte."""
+    scheme, _, credentials = (header or "").partition(" ")
+    if not header:
+        return "missing 'Authorization: Bearer <token>' header (the token is RELAX_API_TOKEN)"
+    if scheme.lower() != "bearer" or not credentials.strip():
+        return "the Authorization header must be 'Bearer <token>'"
+    if not hmac.compare_digest(credentials.strip().encode("latin-1", "replace"), token):
+        return "invalid token: it does not match the run's RELAX_API_TOKEN"
+    return None
+
+
+def _refusal(message: str, retry_after_s: int) -> JSONResponse:
+    return JSONResponse({"detail": message, "field": None}, status_code=503,
+                        headers={"Retry-After": str(retry_after_s)})
 
 
 # -- the app ----------------------------------------------------------------------------------------
@@ -382,12 +396,14 @@ def _autoscaler_router(autoscaler: Any) -> APIRouter:
     return router
 
 
-def create_app(backend: RolloutBackend, *, token: str | None, autoscaler: Any | None = None) -> FastAPI:
+def create_app(backend: RolloutBackend, *, token: str | None, autoscaler: Any | None = None,
+               pace: Pace | None = None) -> FastAPI:
     """The control plane's FastAPI app over ``backend``.
 
     ``token`` (the run's ``RELAX_API_TOKEN``) guards every path but ``/health``; ``None`` or ``""`` serves
     without auth, which is only safe on the loopback address the control plane binds by default.
     ``autoscaler`` (an ``APIRouter`` or an object with ``.router``) is mounted under ``/autoscaler``.
+    ``pace`` paces anonymous callers of the open paths (default: :class:`relax.pace.Pace`'s terms).
     """
     missing = [name for name in _BACKEND_METHODS if not callable(getattr(backend, name, None))]
     if missing:
@@ -442,6 +458,11 @@ def create_app(backend: RolloutBackend, *, token: str | None, autoscaler: Any | 
     if token:
         app.add_middleware(BearerAuth, token=token)
         _document_bearer_auth(app)
+    # anonymous probes and scrapes are answered at a bounded pace; callers with the token skip it (relax.pace)
+    secret = (token or "").encode()
+    app.add_middleware(PaceAnonymous, pace=pace or Pace(), open_paths=OPEN_PATHS.__contains__,
+                       trusted=lambda header: bool(secret) and _token_problem(header, secret) is None,
+                       refusal=_refusal)
     return app
 
 

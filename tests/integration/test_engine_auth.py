@@ -1,10 +1,16 @@
 """Engines need a secret: a built-in engine started with a key refuses every call without it (401) and changes
-nothing; ``/health`` and ``/metrics`` stay open, as on SGLang with ``--api-key``."""
+nothing; ``/health`` and ``/metrics`` stay open, as on SGLang with ``--api-key`` (anonymous callers at a bounded
+pace)."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import httpx
 import pytest
+
+from relax.pace import BURST, RATE_PER_S
 
 KEY = "engine-secret-for-the-test"
 OPEN = {("GET", "/health"), ("GET", "/health_generate"), ("GET", "/metrics")}
@@ -84,3 +90,23 @@ def test_with_an_admin_key_the_generation_key_cannot_control_and_the_admin_key_c
         assert info["weight_update_groups"] == [] and not info.get("paused")
         out = http.post("/generate", json=BODIES["/generate"], headers=gen)
         assert out.status_code == 200 and out.json()["meta_info"]["completion_tokens"] == 4
+
+
+async def test_a_flood_of_anonymous_probes_is_answered_at_the_pace_and_keyed_probes_skip_it(engine) -> None:
+    """60 anonymous probes at once: BURST answered at once, the rest at RATE_PER_S (so the flood takes at least
+    (60 - BURST) / RATE_PER_S seconds, whatever the machine); probes with the engine's key take no turn."""
+    flood = 60
+    good = {"Authorization": f"Bearer {KEY}"}
+    async with httpx.AsyncClient(base_url=engine.url, timeout=30, trust_env=False,
+                                 limits=httpx.Limits(max_connections=flood + 10)) as http:
+        before = (await http.get("/server_info", headers=good)).json()
+        start = time.monotonic()
+        anonymous = [asyncio.ensure_future(http.get(path)) for path in ["/health", "/metrics", "/health_generate"]
+                     * (flood // 3)]
+        keyed = [asyncio.ensure_future(http.get("/health", headers=good)) for _ in range(10)]
+        assert {a.status_code for a in await asyncio.gather(*anonymous, *keyed)} == {200}
+        elapsed = time.monotonic() - start
+        after = (await http.get("/server_info", headers=good)).json()
+    assert after["open_answered"] - before["open_answered"] == flood  # the keyed probes took no turn
+    assert after["open_refused"] == before["open_refused"]  # nobody waited past the longest wait
+    assert elapsed >= (flood - BURST) / RATE_PER_S

@@ -52,7 +52,8 @@ from relax.engines.builtin.tokenizer import load_tokenizer
 from relax.engines.builtin.weight_checker import WeightsCheckerBody, weights_checksum_answer
 from relax.engines.builtin.weight_updates import DistributedUpdates, WeightUpdateError
 from relax.engines.guard import parent_watchdog
-from relax.engines.keys import authorized, is_admin_route
+from relax.engines.keys import authorized, carries_a_key, is_admin_route, is_open_route
+from relax.pace import Pace, PaceAnonymous
 from relax.weights.pause_mode import PauseMode
 
 log = logging.getLogger("relax.engine")
@@ -101,6 +102,11 @@ class ApiError(Exception):
 
 def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "code": status}}, status_code=status)
+
+
+def _refusal(message: str, retry_after_s: int) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "code": 503}}, status_code=503,
+                        headers={"Retry-After": str(retry_after_s)})
 
 
 def _describe_validation(exc: RequestValidationError) -> str:
@@ -171,6 +177,7 @@ class BuiltinServer:
         # concurrent /health(_generate) calls share one probe generation (relax.engines.builtin.health)
         self.health = shared_probe(self._health_probe,
                                    generation_held=lambda: self.engine.paused or self.update_lock.writer_pending)
+        self.open_pace = Pace()  # anonymous callers of /health*, /metrics (relax.pace)
 
     def _eos_ids(self, model: torch.nn.Module) -> frozenset[int]:
         ids: set[int] = set()
@@ -404,6 +411,8 @@ class BuiltinServer:
                 "distributed_buckets_loaded": self.distributed.buckets_loaded,
                 "health_checks": self.health.gets, "health_generations": self.health.calls,
                 "health_reused": self.health.reused,
+                "open_answered": self.open_pace.answered, "open_waited": self.open_pace.waited,
+                "open_refused": self.open_pace.refused,
                 "stream_writes_waiting": self.client_waits.waiting, "streams_stalled": self.client_waits.stalled,
                 "stats": asdict(self.engine.stats())}
         return info
@@ -428,6 +437,10 @@ def create_app(server: BuiltinServer) -> FastAPI:
                 return await call_next(request)
             which = "admin" if is_admin_route(path) and admin_key else "API"
             return _error(401, f"unauthorized: {path} needs 'Authorization: Bearer <this engine's {which} key>'")
+
+    # anonymous probes and scrapes are answered at a bounded pace; the run's own calls carry a key (relax.pace)
+    app.add_middleware(PaceAnonymous, pace=server.open_pace, open_paths=is_open_route,
+                       trusted=lambda header: carries_a_key(header, key, admin_key), refusal=_refusal)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
