@@ -34,12 +34,16 @@ STALL_BOUND_S = 1.5  # the stall engine's RELAX_ENGINE_STREAM_STALL_TIMEOUT
 MARGIN_S = 30.0  # generous: a loaded 2-core machine; the point is "bounded", not "fast"
 SAMPLES = 32  # n of each stalled stream: many megabytes of chunks
 MAX_NEW = 220  # the tiny model's context is 256
+# The tests read /metrics between engine steps, as fast as the run's own callers do: with the engine's key, so
+# the pace of anonymous callers (relax.pace) does not hold those reads back.
+KEY = "stall-test-engine-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
 @pytest.fixture(scope="module")
 def stall_engine(tiny_preset, start_engine):
     return start_engine(tiny_preset.model_dir, max_running_requests=2 * SAMPLES,
-                        env={"RELAX_ENGINE_STREAM_STALL_TIMEOUT": str(STALL_BOUND_S)})
+                        env={"RELAX_ENGINE_STREAM_STALL_TIMEOUT": str(STALL_BOUND_S), "RELAX_ENGINE_API_KEY": KEY})
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +65,9 @@ def _stalled_stream(url: str, body: dict[str, Any]) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting: the window is agreed then
     sock.connect((host, int(port)))
     payload = json.dumps(body).encode()
-    sock.sendall(b"POST /generate HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: %d\r\n\r\n%s" % (host.encode(), len(payload), payload))
+    sock.sendall(b"POST /generate HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\n"
+                 b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                 % (host.encode(), KEY.encode(), len(payload), payload))
     return sock
 
 
@@ -124,7 +129,7 @@ def _close(socks: list[socket.socket]) -> None:
 
 
 async def test_stalled_streams_do_not_hold_an_unpaused_weight_load(stall_engine, prompt_ids, tiny_preset) -> None:
-    async with httpx.AsyncClient(base_url=stall_engine.url, timeout=30, trust_env=False) as http:
+    async with httpx.AsyncClient(base_url=stall_engine.url, timeout=30, trust_env=False, headers=AUTH) as http:
         bodies = [_stream_body(prompt_ids, f"held-{i}") for i in range(2)]
         socks = await _queue_paused(http, stall_engine.url, bodies)
         try:
@@ -144,8 +149,8 @@ async def test_stalled_streams_do_not_hold_an_unpaused_weight_load(stall_engine,
 async def test_a_stream_gives_its_slot_back_when_its_generation_ends(tiny_preset, start_engine, prompt_ids) -> None:
     """The stall check off (0): only the generation's end can give the slot back; the streams survive intact."""
     patient = start_engine(tiny_preset.model_dir, max_running_requests=2 * SAMPLES,
-                           env={"RELAX_ENGINE_STREAM_STALL_TIMEOUT": "0"})
-    async with httpx.AsyncClient(base_url=patient.url, timeout=30, trust_env=False) as http:
+                           env={"RELAX_ENGINE_STREAM_STALL_TIMEOUT": "0", "RELAX_ENGINE_API_KEY": KEY})
+    async with httpx.AsyncClient(base_url=patient.url, timeout=30, trust_env=False, headers=AUTH) as http:
         assert (await http.get("/server_info")).json()["stream_stall_timeout"] == 0
         bodies = [_stream_body(prompt_ids, f"patient-{i}") for i in range(2)]
         socks = await _queue_paused(http, patient.url, bodies)
@@ -202,7 +207,7 @@ async def _freeze_mid_generation(http: httpx.AsyncClient, url: str, prompt_ids: 
 
 async def test_a_stalled_stream_is_aborted_logged_and_its_connection_reset(stall_engine, prompt_ids,
                                                                             tiny_preset) -> None:
-    async with httpx.AsyncClient(base_url=stall_engine.url, timeout=30, trust_env=False) as http:
+    async with httpx.AsyncClient(base_url=stall_engine.url, timeout=30, trust_env=False, headers=AUTH) as http:
         stalled_before = (await http.get("/server_info")).json()["streams_stalled"]
         try:
             for attempt in range(5):
