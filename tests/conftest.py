@@ -12,12 +12,17 @@ from typing import Any
 
 import pytest
 
+from tests.leaks import SESSION_ENV
+
 # Tests run Ray the way users get it from Relax: token auth on (relax.cluster.ray_auth). One token for the
 # session, so every cluster a test starts (embedded, elastic, worker nodes) and every driver agree.
 os.environ.setdefault("RAY_AUTH_MODE", "token")
 os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
 # Keep torch from spreading over both cores in every process the tests start.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Every process the session starts carries its mark (xdist's workers inherit the controller's): the leak
+# check (tests/leaks.py) kills orphans with this mark only, never another run's on the same host.
+os.environ.setdefault(SESSION_ENV, secrets.token_hex(8))
 
 
 def _xdist_worker() -> str | None:
