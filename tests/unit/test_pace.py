@@ -12,7 +12,6 @@ from fastapi.responses import JSONResponse
 
 from relax.pace import BURST, MAX_WAIT_S, RATE_PER_S, Pace, PaceAnonymous, next_turn
 from relax.rollout.api import create_app
-from relax.testing.local_rollout import LocalRollout
 
 # ---------------------------------------------------------------------- the rule
 
@@ -101,13 +100,6 @@ async def test_concurrent_callers_queue_and_the_ones_past_the_longest_wait_are_r
 # ---------------------------------------------------------------------- in front of the routes (ASGI)
 
 TOKEN = "the-run-token"
-
-
-@pytest.fixture
-async def backend():
-    rollout = LocalRollout(initial_engines=2)
-    yield rollout
-    await rollout.aclose()
 
 
 async def test_the_control_plane_paces_anonymous_probes_and_scrapes_but_not_its_token_holders(backend) -> None:

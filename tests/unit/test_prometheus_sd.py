@@ -15,7 +15,6 @@ import pytest
 
 from relax.rollout.api import create_app
 from relax.rollout.prometheus_sd import sd_groups, sd_target
-from relax.testing.local_rollout import LocalRollout
 
 TOKEN = "sd-token"
 
@@ -83,13 +82,6 @@ def test_labels_are_strings_as_http_sd_requires():
 
 
 # -- the route ----------------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-async def backend():
-    b = LocalRollout(initial_engines=2)
-    yield b
-    await b.aclose()
 
 
 def _client(app: Any, token: str | None = None) -> httpx.AsyncClient:

@@ -37,13 +37,6 @@ from relax.testing.local_rollout import LocalRollout
 TOKEN = "s3cret-token"
 
 
-@pytest.fixture
-async def backend():
-    b = LocalRollout(initial_engines=2)
-    yield b
-    await b.aclose()
-
-
 def _client(app: Any, token: str | None = None) -> httpx.AsyncClient:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://relax", headers=headers)
