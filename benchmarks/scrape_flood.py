@@ -3,17 +3,19 @@ probers on one engine's ``/health_generate``, against the same run's quiet steps
 
 Both endpoints are open (Prometheus and liveness probes need no secret), so anyone on the host can call them
 as fast as they like. Runs the tiny recipe (2 trainer ranks, 2 built-in engines) and, ``--cycles`` times, each
-flood between quiet windows: ``/metrics``, ``/health_generate``, and the same ``/health_generate`` flood sent
-with the engine's key (a caller of the run, which the servers do not pace). A flood's cost is its windows'
-steps per second against the mean of the quiet windows beside them; steps per second drift by ±10 % over a
-run here, so each flood is measured several times, between its own neighbours. The flood's own CPU is on the
-same host, as an abusive neighbour's would be; it runs on raw keep-alive sockets in one thread, so it is small
-(reported per window).
+flood between quiet windows: ``/metrics``, ``/health_generate``, the same ``/health_generate`` flood sent with
+the engine's key (a caller of the run, which the servers do not pace), and a guarded route asked without the
+secret, on the control plane (``/rollout/engines``) and on an engine (``/model_info``): every answer a 401.
+A flood's cost is its windows' steps per second against the mean of the quiet windows beside them; steps per
+second drift by ±10 % over a run here, so each flood is measured several times, between its own neighbours. The
+flood's own CPU is on the same host, as an abusive neighbour's would be; it runs on raw keep-alive sockets in
+one thread, so it is small (reported per window).
 
 ``--tree DIR`` runs another checkout of Relax (for example the commit before a change, from ``git worktree
 add``) with the same workload, so the two compare on one machine:
 
-    python benchmarks/scrape_flood.py [--window 20 --cycles 3] [--tree /tmp/relax-before --label before]
+    python benchmarks/scrape_flood.py [--window 20 --cycles 3] [--floods metrics,engine_401]
+                                      [--tree /tmp/relax-before --label before]
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from relax.demo.local import train_argv
 from relax.presets.tiny import build_tiny_preset
 
 SCRAPERS = 32
+FLOODS = ("metrics", "health_generate", "health_generate_keyed", "control_plane_401", "engine_401")
 
 
 def train_rows(path: Path) -> int:
@@ -120,7 +123,8 @@ def window(metrics: Path, seconds: float, load: dict | None = None) -> dict[str,
     return {"steps_per_s": round((train_rows(metrics) - rows) / took, 3), **result}
 
 
-def measure(out: Path, preset, seconds: float, tree: str | None, scrapers: int, cycles: int) -> dict:
+def measure(out: Path, preset, seconds: float, tree: str | None, scrapers: int, cycles: int,
+            chosen: list[str]) -> dict:
     argv = train_argv(preset, out, num_rollout=100000, max_staleness=1, extra=("--api-port", "0"))
     engine_key = secrets.token_hex(16)
     env = {**os.environ, "RELAX_ENGINE_API_KEY": engine_key}
@@ -149,7 +153,11 @@ def measure(out: Path, preset, seconds: float, tree: str | None, scrapers: int, 
             # the same flood from a holder of the engine's key (a router, a script of the run): not paced
             "health_generate_keyed": {"url": f"{engine}/health_generate",
                                       "headers": {"Authorization": f"Bearer {engine_key}"}, "scrapers": scrapers},
+            # guarded routes asked without a secret: every answer is a 401
+            "control_plane_401": {"url": f"{url}/rollout/engines", "headers": {}, "scrapers": scrapers},
+            "engine_401": {"url": f"{engine}/model_info", "headers": {}, "scrapers": scrapers},
         }
+        floods = {name: load for name, load in floods.items() if name in chosen}
         windows: list[dict] = []
         for cycle in range(cycles):
             for name, load in floods.items():
@@ -187,13 +195,17 @@ def main() -> None:
     parser.add_argument("--window", type=float, default=20.0, help="seconds per window")
     parser.add_argument("--cycles", type=int, default=3, help="times each flood runs, each between quiet windows")
     parser.add_argument("--scrapers", type=int, default=SCRAPERS)
+    parser.add_argument("--floods", default=",".join(FLOODS), help=f"which floods, of {','.join(FLOODS)}")
     parser.add_argument("--tree", help="another checkout of Relax to run instead of this one")
     parser.add_argument("--label", default="this tree")
     parser.add_argument("--out", default="benchmarks/results/scrape_flood.json")
     args = parser.parse_args()
+    chosen = [name.strip() for name in args.floods.split(",") if name.strip()]
+    if unknown := sorted(set(chosen) - set(FLOODS)):
+        parser.error(f"--floods: unknown {', '.join(unknown)}; choose from {', '.join(FLOODS)}")
     with tempfile.TemporaryDirectory(prefix="relax-flood-") as tmp:
         preset = build_tiny_preset(Path(tmp) / "tiny")
-        result = measure(Path(tmp) / "run", preset, args.window, args.tree, args.scrapers, args.cycles)
+        result = measure(Path(tmp) / "run", preset, args.window, args.tree, args.scrapers, args.cycles, chosen)
     save_report({
         "benchmark": "scrape_flood",
         "label": args.label,

@@ -27,7 +27,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from relax.pace import Pace, PaceAnonymous
+from relax.pace import Pace, PaceAnonymous, every_path
 from relax.rollout.api_models import (
     CancelBatchBody,
     CancelBatchResponse,
@@ -403,7 +403,7 @@ def create_app(backend: RolloutBackend, *, token: str | None, autoscaler: Any | 
     ``token`` (the run's ``RELAX_API_TOKEN``) guards every path but ``/health``; ``None`` or ``""`` serves
     without auth, which is only safe on the loopback address the control plane binds by default.
     ``autoscaler`` (an ``APIRouter`` or an object with ``.router``) is mounted under ``/autoscaler``.
-    ``pace`` paces anonymous callers of the open paths (default: :class:`relax.pace.Pace`'s terms).
+    ``pace`` paces callers without the token (default: :class:`relax.pace.Pace`'s terms).
     """
     missing = [name for name in _BACKEND_METHODS if not callable(getattr(backend, name, None))]
     if missing:
@@ -458,9 +458,11 @@ def create_app(backend: RolloutBackend, *, token: str | None, autoscaler: Any | 
     if token:
         app.add_middleware(BearerAuth, token=token)
         _document_bearer_auth(app)
-    # anonymous probes and scrapes are answered at a bounded pace; callers with the token skip it (relax.pace)
+    # callers without the token are answered at a bounded pace, on every path when there is a token (their
+    # 401s cost as much), else on the open ones; callers with the token skip it (relax.pace)
     secret = (token or "").encode()
-    app.add_middleware(PaceAnonymous, pace=pace or Pace(), open_paths=OPEN_PATHS.__contains__,
+    app.add_middleware(PaceAnonymous, pace=pace or Pace(),
+                       paced_paths=every_path if token else OPEN_PATHS.__contains__,
                        trusted=lambda header: bool(secret) and _token_problem(header, secret) is None,
                        refusal=_refusal)
     return app

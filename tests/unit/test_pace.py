@@ -1,4 +1,4 @@
-"""``relax.pace``: anonymous callers of open endpoints are answered at a bounded pace; the run's own are not."""
+"""``relax.pace``: callers without a secret are answered at a bounded pace; the run's own are not."""
 
 from __future__ import annotations
 
@@ -126,17 +126,24 @@ async def test_the_control_plane_paces_anonymous_probes_and_scrapes_but_not_its_
         assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
         assert "too many requests without a token" in refused.json()["detail"]
         assert "\n" not in refused.json()["detail"] and (pace.answered, pace.refused) == (5, 2)
-        # guarded paths are not paced (an anonymous caller gets its 401 at once)
-        before = len(clock.slept)
-        assert (await anonymous.get("/rollout/engines")).status_code == 401 and len(clock.slept) == before
+        # a guarded path asked without the token is paced too: its 401 costs as much as an answer
+        clock.now, clock.advance = clock.now + 1.0, True  # a quiet second: the burst is back
+        answers = [await anonymous.get("/rollout/engines") for _ in range(3)]
+        assert [a.status_code for a in answers] == [401, 401, 401] and clock.slept[5:] == [0.1]
+        assert (await operator.get("/rollout/engines")).status_code == 200
+        assert clock.slept[5:] == [0.1]  # the token holder took no turn
 
 
-async def test_without_a_token_every_caller_of_an_open_path_is_paced(backend) -> None:
+async def test_without_a_token_every_caller_of_an_open_path_is_paced_and_only_there(backend) -> None:
+    """Without a token every route is open to all: pacing them would pace everyone, the run's callers too."""
     clock = Clock()
     app = create_app(backend, token=None, pace=_pace(clock, burst=1))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://relax") as http:
         for _ in range(2):
             assert (await http.get("/health", headers={"Authorization": "Bearer anything"})).status_code == 200
+        assert clock.slept == [0.1]
+        for _ in range(3):
+            assert (await http.get("/rollout/engines")).status_code == 200
     assert clock.slept == [0.1]
 
 
@@ -151,7 +158,7 @@ async def test_the_middleware_leaves_other_paths_and_protocols_alone() -> None:
 
     clock = Clock()
     pace = _pace(clock, burst=1, max_wait_s=0.0)
-    app = PaceAnonymous(inner, pace=pace, open_paths=lambda p: p == "/open", trusted=lambda h: h == "yes",
+    app = PaceAnonymous(inner, pace=pace, paced_paths=lambda p: p == "/open", trusted=lambda h: h == "yes",
                         refusal=lambda message, retry: JSONResponse({"m": message}, status_code=503))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://x") as http:
         codes = [(await http.get(p)).status_code for p in ("/open", "/open", "/closed", "/closed")]

@@ -53,7 +53,7 @@ from relax.engines.builtin.weight_checker import WeightsCheckerBody, weights_che
 from relax.engines.builtin.weight_updates import DistributedUpdates, WeightUpdateError
 from relax.engines.guard import parent_watchdog
 from relax.engines.keys import authorized, carries_a_key, is_admin_route, is_open_route
-from relax.pace import Pace, PaceAnonymous
+from relax.pace import Pace, PaceAnonymous, every_path
 from relax.weights.pause_mode import PauseMode
 
 log = logging.getLogger("relax.engine")
@@ -177,7 +177,7 @@ class BuiltinServer:
         # concurrent /health(_generate) calls share one probe generation (relax.engines.builtin.health)
         self.health = shared_probe(self._health_probe,
                                    generation_held=lambda: self.engine.paused or self.update_lock.writer_pending)
-        self.open_pace = Pace()  # anonymous callers of /health*, /metrics (relax.pace)
+        self.anonymous_pace = Pace()  # callers without a key (relax.pace)
 
     def _eos_ids(self, model: torch.nn.Module) -> frozenset[int]:
         ids: set[int] = set()
@@ -411,8 +411,8 @@ class BuiltinServer:
                 "distributed_buckets_loaded": self.distributed.buckets_loaded,
                 "health_checks": self.health.gets, "health_generations": self.health.calls,
                 "health_reused": self.health.reused,
-                "open_answered": self.open_pace.answered, "open_waited": self.open_pace.waited,
-                "open_refused": self.open_pace.refused,
+                "anonymous_answered": self.anonymous_pace.answered, "anonymous_waited": self.anonymous_pace.waited,
+                "anonymous_refused": self.anonymous_pace.refused,
                 "stream_writes_waiting": self.client_waits.waiting, "streams_stalled": self.client_waits.stalled,
                 "stats": asdict(self.engine.stats())}
         return info
@@ -438,8 +438,10 @@ def create_app(server: BuiltinServer) -> FastAPI:
             which = "admin" if is_admin_route(path) and admin_key else "API"
             return _error(401, f"unauthorized: {path} needs 'Authorization: Bearer <this engine's {which} key>'")
 
-    # anonymous probes and scrapes are answered at a bounded pace; the run's own calls carry a key (relax.pace)
-    app.add_middleware(PaceAnonymous, pace=server.open_pace, open_paths=is_open_route,
+    # callers without a key are answered at a bounded pace, on every route when the engine has a key (their 401s
+    # cost as much), else on the open ones; the run's own calls carry a key (relax.pace)
+    app.add_middleware(PaceAnonymous, pace=server.anonymous_pace,
+                       paced_paths=every_path if key or admin_key else is_open_route,
                        trusted=lambda header: carries_a_key(header, key, admin_key), refusal=_refusal)
 
     @app.exception_handler(RequestValidationError)
