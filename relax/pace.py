@@ -7,9 +7,9 @@ got about 900 answers a second out of the control plane, and parsing and answeri
 training's steps. Refusals are no cheaper: the same flood asking a guarded route without the secret got 3,600
 401s a second from the control plane (−28 % steps) and 2,700 from an engine (−69 %). No legitimate caller
 without a secret needs that: Prometheus scrapes every 15 s, a liveness probe comes every few seconds, and a
-client that forgot its token needs one 401. So the servers answer requests without a secret at most
-:data:`RATE_PER_S` a second (after a burst of :data:`BURST`): on the open paths, and on every path when the
-server has a secret (otherwise its other routes are open to all, and pacing them would pace everyone). A caller
+client that forgot its token needs one 401. So a server that has a secret answers requests without it at most
+:data:`RATE_PER_S` a second (after a burst of :data:`BURST`), on every path. A server without one paces nothing:
+every route is open to all there, and pacing would slow its own callers and stop no one. A caller
 over the pace waits for its turn instead of being answered at once, which slows a flood down to the pace
 without failing a well-behaved caller that happens to arrive in it.
 

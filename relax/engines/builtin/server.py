@@ -52,7 +52,7 @@ from relax.engines.builtin.tokenizer import load_tokenizer
 from relax.engines.builtin.weight_checker import WeightsCheckerBody, weights_checksum_answer
 from relax.engines.builtin.weight_updates import DistributedUpdates, WeightUpdateError
 from relax.engines.guard import parent_watchdog
-from relax.engines.keys import authorized, carries_a_key, is_admin_route, is_open_route
+from relax.engines.keys import authorized, carries_a_key, is_admin_route
 from relax.pace import Pace, PaceAnonymous, every_path
 from relax.weights.pause_mode import PauseMode
 
@@ -438,11 +438,12 @@ def create_app(server: BuiltinServer) -> FastAPI:
             which = "admin" if is_admin_route(path) and admin_key else "API"
             return _error(401, f"unauthorized: {path} needs 'Authorization: Bearer <this engine's {which} key>'")
 
-    # callers without a key are answered at a bounded pace, on every route when the engine has a key (their 401s
-    # cost as much), else on the open ones; the run's own calls carry a key (relax.pace)
-    app.add_middleware(PaceAnonymous, pace=server.anonymous_pace,
-                       paced_paths=every_path if key or admin_key else is_open_route,
-                       trusted=lambda header: carries_a_key(header, key, admin_key), refusal=_refusal)
+    if key or admin_key:
+        # callers without a key are answered at a bounded pace, on every route (their 401s cost as much as an
+        # answer); the run's own calls carry a key (relax.pace). An engine without keys is open to all for
+        # everything: pacing would slow its callers and stop no one
+        app.add_middleware(PaceAnonymous, pace=server.anonymous_pace, paced_paths=every_path,
+                           trusted=lambda header: carries_a_key(header, key, admin_key), refusal=_refusal)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
