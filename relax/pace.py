@@ -33,11 +33,11 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["BURST", "MAX_WAIT_S", "RATE_PER_S", "Pace", "PaceAnonymous", "Turn", "every_path", "next_turn"]
+__all__ = ["BURST", "MAX_WAIT_S", "RATE_PER_S", "Pace", "PaceAnonymous", "Turn", "next_turn"]
 
-#: Anonymous answers per second on open endpoints, after a burst.
+#: Answers per second to callers without a secret, after a burst.
 RATE_PER_S = 20.0
-#: Anonymous answers given at once, before the pace holds callers back (a scrape of every target, a few probes).
+#: Answers given at once, before the pace holds callers back (a scrape of every target, a few probes).
 BURST = 20
 #: The longest a caller waits for its turn; beyond, it is refused (503) after waiting this long.
 MAX_WAIT_S = 5.0
@@ -102,11 +102,6 @@ class Pace:
         return True
 
 
-def every_path(path: str) -> bool:
-    """``paced_paths`` of a server that has a secret: whatever a caller without it asks is paced."""
-    return True
-
-
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
@@ -114,23 +109,21 @@ AsgiApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 class PaceAnonymous:
-    """ASGI middleware: requests to ``paced_paths`` that ``trusted`` does not accept wait for their turn of
-    ``pace``; a refused one gets ``refusal(message)`` with ``Retry-After``.
+    """ASGI middleware of a server that has a secret: HTTP requests that ``trusted`` does not accept, whatever
+    their path, wait for their turn of ``pace``; a refused one gets ``refusal(message)`` with ``Retry-After``.
 
     ``trusted(authorization)`` gets the ``Authorization`` header (None when absent) and says whether it carries
     a secret of this server. Every other request passes straight through."""
 
-    def __init__(self, app: AsgiApp, *, pace: Pace, paced_paths: Callable[[str], bool],
-                 trusted: Callable[[str | None], bool], refusal: Callable[[str, int], AsgiApp]) -> None:
+    def __init__(self, app: AsgiApp, *, pace: Pace, trusted: Callable[[str | None], bool],
+                 refusal: Callable[[str, int], AsgiApp]) -> None:
         self.app = app
         self.pace = pace
-        self._paced = paced_paths
         self._trusted = trusted
         self._refusal = refusal
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (scope["type"] != "http" or not self._paced(scope.get("path", ""))
-                or self._trusted(_authorization(scope.get("headers", ())))):
+        if scope["type"] != "http" or self._trusted(_authorization(scope.get("headers", ()))):
             await self.app(scope, receive, send)
             return
         if await self.pace.turn():

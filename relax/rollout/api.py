@@ -27,7 +27,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from relax.pace import Pace, PaceAnonymous, every_path
+from relax.pace import Pace, PaceAnonymous
 from relax.rollout.api_models import (
     CancelBatchBody,
     CancelBatchResponse,
@@ -458,12 +458,11 @@ def create_app(backend: RolloutBackend, *, token: str | None, autoscaler: Any | 
     if token:
         app.add_middleware(BearerAuth, token=token)
         _document_bearer_auth(app)
-    if token:
         # callers without the token are answered at a bounded pace, on every path (their 401s cost as much as
         # an answer); callers with it skip the pace (relax.pace). Without a token every route is open to all:
         # pacing would slow the run's own callers and stop no one
         secret = token.encode()
-        app.add_middleware(PaceAnonymous, pace=pace or Pace(), paced_paths=every_path,
+        app.add_middleware(PaceAnonymous, pace=pace or Pace(),
                            trusted=lambda header: _token_problem(header, secret) is None, refusal=_refusal)
     return app
 

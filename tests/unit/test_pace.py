@@ -144,7 +144,7 @@ async def test_without_a_token_nothing_is_paced(backend) -> None:
     assert clock.slept == []
 
 
-async def test_the_middleware_leaves_other_paths_and_protocols_alone() -> None:
+async def test_the_middleware_paces_every_path_without_trust_and_lets_trusted_callers_through() -> None:
     seen: list[str] = []
     inner = FastAPI()
 
@@ -155,10 +155,10 @@ async def test_the_middleware_leaves_other_paths_and_protocols_alone() -> None:
 
     clock = Clock()
     pace = _pace(clock, burst=1, max_wait_s=0.0)
-    app = PaceAnonymous(inner, pace=pace, paced_paths=lambda p: p == "/open", trusted=lambda h: h == "yes",
+    app = PaceAnonymous(inner, pace=pace, trusted=lambda h: h == "yes",
                         refusal=lambda message, retry: JSONResponse({"m": message}, status_code=503))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://x") as http:
-        codes = [(await http.get(p)).status_code for p in ("/open", "/open", "/closed", "/closed")]
-        assert codes == [200, 503, 200, 200]
-        assert (await http.get("/open", headers={"Authorization": "yes"})).status_code == 200
-    assert seen == ["open", "closed", "closed", "open"] and (pace.answered, pace.refused) == (1, 1)
+        codes = [(await http.get(p)).status_code for p in ("/open", "/closed")]
+        assert codes == [200, 503]
+        assert (await http.get("/closed", headers={"Authorization": "yes"})).status_code == 200
+    assert seen == ["open", "closed"] and (pace.answered, pace.refused) == (1, 1)

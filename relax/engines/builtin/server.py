@@ -53,7 +53,7 @@ from relax.engines.builtin.weight_checker import WeightsCheckerBody, weights_che
 from relax.engines.builtin.weight_updates import DistributedUpdates, WeightUpdateError
 from relax.engines.guard import parent_watchdog
 from relax.engines.keys import authorized, carries_a_key, is_admin_route
-from relax.pace import Pace, PaceAnonymous, every_path
+from relax.pace import Pace, PaceAnonymous
 from relax.weights.pause_mode import PauseMode
 
 log = logging.getLogger("relax.engine")
@@ -442,7 +442,7 @@ def create_app(server: BuiltinServer) -> FastAPI:
         # callers without a key are answered at a bounded pace, on every route (their 401s cost as much as an
         # answer); the run's own calls carry a key (relax.pace). An engine without keys is open to all for
         # everything: pacing would slow its callers and stop no one
-        app.add_middleware(PaceAnonymous, pace=server.anonymous_pace, paced_paths=every_path,
+        app.add_middleware(PaceAnonymous, pace=server.anonymous_pace,
                            trusted=lambda header: carries_a_key(header, key, admin_key), refusal=_refusal)
 
     @app.exception_handler(RequestValidationError)
