@@ -118,9 +118,11 @@ def build_parser() -> argparse.ArgumentParser:
     from relax.autoscaler.monitor import add_monitor_parser
     from relax.client_cli import add_client_parsers
     from relax.cluster.cli import add_cluster_parser
+    from relax.cluster.kuberay.cli import add_kuberay_parser
 
     add_client_parsers(sub)
     add_cluster_parser(sub)
+    add_kuberay_parser(sub)
     add_autoscaler_parser(sub)
     add_monitor_parser(sub)
 

@@ -100,6 +100,7 @@ class TrainArgs:
     # Mode
     fully_async: bool = False
     dry_run: bool = False
+    ray_cluster_manifest: str | None = None
     # Resources (parsed and checked by relax.config.plan)
     resource: str | None = None
     actor_num_nodes: int | None = None
@@ -290,6 +291,9 @@ def _add_mode_flags(group: argparse._ArgumentGroup) -> None:
                        help="not supported yet; use --fully-async")
     group.add_argument("--dry-run", action="store_true",
                        help="print the resource plan and exit without starting anything")
+    group.add_argument("--ray-cluster-manifest", metavar="PATH",
+                       help="with --dry-run: check the plan against a KubeRay RayCluster (a manifest file or a "
+                            "kustomize directory) instead of a live cluster; exit 1 if it does not fit")
 
 
 def _add_resource_flags(group: argparse._ArgumentGroup) -> None:
@@ -689,6 +693,9 @@ def validate_args(args: TrainArgs) -> None:
             f"--custom-rm-path {args.custom_rm_path!r} is not a module:function path; "
             "e.g. --custom-rm-path my_rewards:score"
         )
+    if args.ray_cluster_manifest is not None and not args.dry_run:
+        raise ConfigError("--ray-cluster-manifest checks a plan before the cluster exists: use it with --dry-run "
+                          "(a real start checks the live cluster)")
     if args.save_interval is not None and args.save is None:
         raise ConfigError("--save-interval needs --save DIR to know where checkpoints go")
     if args.keep_checkpoints and args.save is None:

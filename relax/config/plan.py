@@ -345,7 +345,8 @@ def _affinity_status(
     return AffinityStatus.ON
 
 
-def _node_group(env: Mapping[str, str]) -> str:
+def node_group_name(env: Mapping[str, str]) -> str:
+    """The marker prefix G of the stable group ({G}_gpu, {G}_cpu): RELAX_INITIAL_NODE_GROUP, else stable."""
     group = env.get(NODE_GROUP_ENV, "").strip() or DEFAULT_NODE_GROUP
     if not _NODE_GROUP_NAME.match(group):
         raise ConfigError(
@@ -414,7 +415,7 @@ def build_plan(
                 "(POST /autoscaler/enable turns it on) and the baseline is not pinned"
             )
     affinity = _affinity_status(args, autoscaler, env)
-    group = _node_group(env) if affinity is AffinityStatus.ON else None
+    group = node_group_name(env) if affinity is AffinityStatus.ON else None
     markers = ((f"{group}_gpu", 1.0), (f"{group}_cpu", 1.0)) if group else ()
     baseline = Bundle(markers=markers)
     engine_markers = ((f"{group}_gpu", float(per_engine)), (f"{group}_cpu", 1.0)) if group else ()

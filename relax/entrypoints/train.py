@@ -48,6 +48,7 @@ from relax.config.plan import (
     build_plan,
     engines_text,
     format_plan,
+    node_group_name,
     validate_paths,
     validate_plan_against_cluster,
 )
@@ -84,6 +85,20 @@ def dry_run_checks(args: TrainArgs) -> None:
     machine += [p for p in (check_load(args.load, args.save), check_port_free(args.api_host, args.api_port)) if p]
     for problem in machine:
         log.warning("--dry-run: a start on this machine would stop here: %s", problem)
+
+
+def manifest_check(args: TrainArgs, plan: Plan) -> int:
+    """``--dry-run --ray-cluster-manifest``: the plan against a KubeRay manifest, in the live check's words."""
+    from relax.cluster.kuberay.render import load_manifests
+    from relax.cluster.kuberay.report import manifest_report
+
+    try:
+        documents = load_manifests(args.ray_cluster_manifest)
+    except ConfigError as exc:
+        fail(ConfigError(f"--ray-cluster-manifest {exc}"))
+    report = manifest_report(documents, node_group=plan.node_group or node_group_name(os.environ), plan=plan)
+    print("\n".join(report.lines))
+    return 0 if report.ok else 1
 
 
 def preflight(args: TrainArgs) -> None:
@@ -695,7 +710,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         dry_run_checks(args)
         print(format_plan(plan))
-        return 0
+        return manifest_check(args, plan) if args.ray_cluster_manifest else 0
     preflight(args)
     # before Ray starts: its daemons, workers and the engine servers inherit the driver's environment
     driver = Driver(args, plan, autoscaler, secrets=withhold(os.environ, DRIVER_ONLY))

@@ -14,6 +14,12 @@
 #   ENABLE_AFFINITY=0      no node-group markers on the baseline (plain Ray clusters)
 #   RELAX_INITIAL_NODE_GROUP  marker prefix of the stable node group (default: stable)
 #   RELAX_STOP_STALE_JOBS=1   stop this run script's own earlier jobs that are still running
+#   RELAX_LAUNCH           submit (default): a new Ray job through the dashboard;
+#                          here: run the driver in this process, for an entrypoint that already is a Ray job
+#                          (a KubeRay RayJob's: examples/elastic_rollout/k8s/);
+#                          dry-run: print the plan, nothing started, no cluster needed (missing input paths are
+#                          warned about); with RELAX_CLUSTER_MANIFEST=FILE|KUSTOMIZE_DIR the plan is also checked
+#                          against that KubeRay RayCluster (exit 1 if it does not fit)
 #   RAY_AUTH_TOKEN / RAY_AUTH_TOKEN_PATH  Ray's auth token (token auth stays on: RAY_AUTH_MODE=token unless
 #                          you set RAY_AUTH_MODE=disabled, which it warns about). `relax cluster up` prints them.
 #
@@ -42,6 +48,12 @@ if [[ "${RAY_AUTH_MODE,,}" == "disabled" ]]; then
 fi
 PYTHON=${PYTHON:-python3}
 RAY=${RAY:-ray}
+export RELAX_LAUNCH=${RELAX_LAUNCH:-submit}
+case "$RELAX_LAUNCH" in
+  submit | here | dry-run) ;;
+  *) die "RELAX_LAUNCH=$RELAX_LAUNCH: use submit (the default), here (inside a Ray job) or dry-run" ;;
+esac
+if [[ "$RELAX_LAUNCH" == "submit" ]]; then
 command -v "$RAY" >/dev/null 2>&1 || die "the 'ray' command is not on PATH (activate the environment with Ray installed)"
 
 # --- the dashboard must answer (with our token, when auth is on): a job cannot be submitted otherwise ------
@@ -74,14 +86,20 @@ elif [[ $dashboard_rc -ne 0 ]]; then
   die "the Ray dashboard at $RAY_DASHBOARD_ADDRESS does not answer. Start the cluster with its dashboard \
 (ray start --head --include-dashboard=true, or 'relax cluster up' locally) or set RAY_DASHBOARD_ADDRESS."
 fi
+fi  # RELAX_LAUNCH=submit
 
 # --- helpers for run scripts ------------------------------------------------------------------------------
 RELAX_RUN_NAME=$(basename "$RUN_SCRIPT" .sh)
 export RELAX_RUN_NAME
 
 relax_require_path() {
-  # relax_require_path PATH [what]: fail before submitting when an input is missing.
-  [[ -e "$1" ]] || { echo "ray-job.sh: error: ${2:-input} '$1' does not exist" >&2; exit 2; }
+  # relax_require_path PATH [what]: fail before submitting when an input is missing (a dry run only warns:
+  # the paths are often the cluster's, not this machine's).
+  [[ -e "$1" ]] && return 0
+  if [[ "$RELAX_LAUNCH" == "dry-run" ]]; then
+    echo "ray-job.sh: warning: ${2:-input} '$1' does not exist here" >&2; return 0
+  fi
+  echo "ray-job.sh: error: ${2:-input} '$1' does not exist" >&2; exit 2
 }
 
 relax_affinity_args() {
@@ -103,7 +121,16 @@ PY
 }
 
 relax_submit() {
-  # relax_submit [train flags...]: submit python3 -m relax.entrypoints.train with these flags as a Ray job.
+  # relax_submit [train flags...]: submit python3 -m relax.entrypoints.train with these flags as a Ray job
+  # (RELAX_LAUNCH=here: run it in this process; dry-run: print its plan).
+  if [[ "$RELAX_LAUNCH" == "here" ]]; then
+    echo "ray-job.sh: running the driver in this Ray job ($RELAX_RUN_NAME)"
+    exec "$PYTHON" -m relax.entrypoints.train "$@"
+  elif [[ "$RELAX_LAUNCH" == "dry-run" ]]; then
+    local manifest=()
+    [[ -n "${RELAX_CLUSTER_MANIFEST:-}" ]] && manifest=(--ray-cluster-manifest "$RELAX_CLUSTER_MANIFEST")
+    exec "$PYTHON" -m relax.entrypoints.train --dry-run "${manifest[@]}" "$@"
+  fi
   relax_stop_stale_jobs
   local submission_id
   submission_id="relax-${RELAX_RUN_NAME}-$(date +%Y%m%d-%H%M%S)-$$"
