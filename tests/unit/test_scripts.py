@@ -14,14 +14,6 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = ["scripts/entrypoint/ray-job.sh", "examples/elastic_rollout/run-qwen3-4B-8xgpu-elastic-async.sh",
            "examples/elastic_rollout/run-tiny-cpu-elastic-async.sh", ".ci/run"]
 
-# The run script's helpers (normally from ray-job.sh), replaced to print the plan instead of submitting.
-DRY_RUN_HELPERS = """
-relax_require_path() { :; }
-relax_affinity_args() { if [[ "${ENABLE_AFFINITY:-1}" == "0" ]]; then echo "--no-enable-affinity"; fi; }
-relax_submit() { "$PYTHON" -m relax.entrypoints.train --dry-run "$@"; }
-export -f relax_require_path relax_affinity_args relax_submit
-bash "$1"
-"""
 
 
 def shellcheck() -> str:
@@ -37,9 +29,10 @@ def test_shellcheck_clean(script: str) -> None:
 
 
 def dry_run(script: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """The run script through ray-job.sh with RELAX_LAUNCH=dry-run: the plan printed, nothing submitted."""
     full = {**os.environ, "PYTHON": sys.executable, "MODEL_DIR": str(tmp_path / "models"),
-            "DATA_DIR": str(tmp_path / "data"), "EXP_DIR": str(tmp_path / "exp"), **env}
-    return subprocess.run(["bash", "-c", DRY_RUN_HELPERS, "dry-run", script], cwd=REPO, env=full,
+            "DATA_DIR": str(tmp_path / "data"), "EXP_DIR": str(tmp_path / "exp"), "RELAX_LAUNCH": "dry-run", **env}
+    return subprocess.run(["bash", "scripts/entrypoint/ray-job.sh", script], cwd=REPO, env=full,
                           capture_output=True, text=True, timeout=120)
 
 

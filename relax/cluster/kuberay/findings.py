@@ -12,7 +12,9 @@ class Rule(Enum):
     SCHEMA = "schema"                    # KubeRay v1.7.0's v1 schema, unknown fields being errors
     LIST_MAP_KEY = "list-map-key"        # keys of x-kubernetes list maps are unique (containers, env, ports ...)
     NAME = "name"                        # metadata.name is a DNS-1035 label within KubeRay's length
-    RESOURCES_EXCLUSIVE = "resources-exclusive"  # group `resources` vs rayStartParams num-cpus/num-gpus/memory/resources
+    # a group's `resources` field vs rayStartParams num-cpus/num-gpus/memory/resources
+    RESOURCES_EXCLUSIVE = "resources-exclusive"
+    GROUPS = "groups"                    # worker group names unique, every group's pod has a container
     REPLICAS = "replicas"                # minReplicas <= replicas <= maxReplicas
     RESTART_POLICY = "restart-policy"    # autoscaler v2: pod restartPolicy unset or Never
     TOKEN_AUTH = "token-auth"            # authOptions.mode token on, and only with rayVersion >= 2.52.0

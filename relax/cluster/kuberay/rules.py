@@ -100,6 +100,7 @@ def _cluster(document: Document, spec: Mapping[str, Any], prefix: str, node_grou
     groups = cluster_groups(spec)
     found: list[Finding] = []
     found += _auth(document, spec, prefix)
+    found += _group_names(document, groups, prefix)
     v2 = bool(spec.get("enableInTreeAutoscaling")) and (spec.get("autoscalerOptions") or {}).get("version") == "v2"
     markers = (f"{node_group}_gpu", f"{node_group}_cpu")
     for group in groups:
@@ -119,6 +120,19 @@ def _cluster(document: Document, spec: Mapping[str, Any], prefix: str, node_grou
     if plan is not None:
         found += _plan(document, prefix, plan, groups)
     return found
+
+
+def _group_names(document: Document, groups: list[RayGroup], prefix: str) -> Iterator[Finding]:
+    seen: set[str] = set()
+    for group in groups:
+        where = f"{prefix}.{group.where.removeprefix('spec.')}"
+        if not group.is_head and group.name in seen:
+            yield _finding(Rule.GROUPS, document, where, f"worker group name {group.name!r} is used twice; "
+                           "worker group names must be unique (KubeRay names pods after them)")
+        seen.add(group.name)
+        if not group.ray_container:
+            yield _finding(Rule.GROUPS, document, f"{where}.template.spec.containers",
+                           "has no container; the first one runs Ray")
 
 
 def _ray_version(text: object) -> tuple[int, ...] | None:
@@ -261,7 +275,8 @@ def _plan(document: Document, prefix: str, plan: Plan, groups: list[RayGroup]) -
     for problem in fit.problems:
         yield _finding(Rule.PLAN_FIT, document, prefix, problem)
     if plan.autoscaler is not None and fit.fits and fit.elastic_engines != plan.headroom_engines:
-        shown = ", ".join(f"{g.name!r} {g.added_pods} pod(s) x {g.engines_per_pod}" for g in elastic_groups(plan, groups))
+        shown = ", ".join(f"{g.name!r} {g.added_pods} pod(s) x {g.engines_per_pod}"
+                          for g in elastic_groups(plan, groups))
         yield _finding(Rule.ELASTIC_CAPACITY, document, prefix,
                        f"the unmarked autoscaled groups hold {fit.elastic_engines} engine(s) ({shown}) but the "
                        f"autoscaler adds at most {plan.headroom_engines} (max_engines {plan.max_engines} - "

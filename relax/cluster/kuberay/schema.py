@@ -86,7 +86,7 @@ def _path(error: jsonschema.ValidationError) -> str:
 
 def _message(error: jsonschema.ValidationError) -> str:
     if error.validator == "additionalProperties" and isinstance(error.instance, Mapping):
-        known = set((error.schema.get("properties") or {}))
+        known = set(error.schema.get("properties") or {})
         unknown = sorted(k for k in error.instance if k not in known)
         return f"unknown field(s) {', '.join(map(repr, unknown))} (KubeRay's schema has no such field here)"
     if error.validator == "anyOf" and isinstance(error.instance, str):
