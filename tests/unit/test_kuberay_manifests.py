@@ -153,3 +153,11 @@ def test_the_manifest_flag_belongs_to_a_dry_run(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert result.stderr.strip().endswith("--ray-cluster-manifest checks a plan before the cluster exists: use it with "
                                           "--dry-run (a real start checks the live cluster)")
+
+
+def test_a_usage_error_of_relax_kuberay_is_one_line(capsys) -> None:
+    from relax import cli
+
+    assert cli.main(["kuberay", "check"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and err.startswith("relax kuberay check: error: ")
