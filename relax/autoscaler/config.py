@@ -19,6 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from relax.config.flags import ConfigError
+from relax.yaml_errors import yaml_error_text
 
 __all__ = [
     "AutoscalerConfig",
@@ -196,10 +197,7 @@ def load_autoscaler_config(path: str) -> AutoscalerConfig:
     except UnicodeDecodeError:
         raise AutoscalerConfigError(f"{source}: not a UTF-8 text file") from None
     except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(error, "problem", None) or "syntax error"
-        raise AutoscalerConfigError(f"{source}: not valid YAML{where} ({problem})") from None
+        raise AutoscalerConfigError(f"{source}: {yaml_error_text(error)}") from None
     if data is None:
         raise AutoscalerConfigError(f"{source}: the file is empty; it needs at least 'enabled: true'")
     if not isinstance(data, dict):

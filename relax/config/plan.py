@@ -21,6 +21,7 @@ from typing import Protocol
 
 from relax.config.checks import is_loopback_host
 from relax.config.flags import ConfigError, TrainArgs
+from relax.yaml_errors import yaml_error_text
 
 NODE_GROUP_ENV = "RELAX_INITIAL_NODE_GROUP"
 DEFAULT_NODE_GROUP = "stable"
@@ -272,10 +273,7 @@ def load_autoscaler_bounds(path: str) -> AutoscalerBounds:
     except OSError as error:
         raise ConfigError(f"{flag}: cannot read it ({error.strerror})") from None
     except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(error, "problem", None) or "syntax error"
-        raise ConfigError(f"{flag}: not valid YAML{where} ({problem})") from None
+        raise ConfigError(f"{flag}: {yaml_error_text(error)}") from None
     if data is None:
         raise ConfigError(f"{flag}: the file is empty; it needs at least 'enabled: true'")
     if not isinstance(data, dict):

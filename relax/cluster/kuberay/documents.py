@@ -9,6 +9,7 @@ from typing import Any
 import yaml
 
 from relax.config.flags import ConfigError
+from relax.yaml_errors import yaml_error_text
 
 
 class ManifestError(ConfigError):
@@ -43,10 +44,7 @@ def parse_documents(text: str, source: str) -> list[Document]:
     try:
         loaded = list(yaml.safe_load_all(text))
     except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(error, "problem", None) or "syntax error"
-        raise ManifestError(f"{source}: not valid YAML{where} ({problem})") from None
+        raise ManifestError(f"{source}: {yaml_error_text(error)}") from None
     documents = []
     for index, body in enumerate(loaded):
         if body is None:
