@@ -3,6 +3,7 @@ recipe's plan checked against them through the launch script's dry run and ``rel
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -161,3 +162,35 @@ def test_a_usage_error_of_relax_kuberay_is_one_line(capsys) -> None:
     assert cli.main(["kuberay", "check"]) == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and err.startswith("relax kuberay check: error: ")
+
+
+@pytest.mark.parametrize(("name", "plan_line"), [
+    ("base", "trainer (actor)  4 GPUs"),
+    ("overlays/cpu-tiny", "trainer (actor)  2 GPUs"),
+])
+def test_the_rayjob_runs_the_recipe_as_kuberay_and_ray_run_an_entrypoint(name: str, plan_line: str,
+                                                                         tmp_path: Path) -> None:
+    """The submitter runs ``bash -ce "ray job submit ... -- <entrypoint>"`` (KubeRay pastes the entrypoint
+    unquoted); Ray's CLI joins the words after ``--`` with ``subprocess.list2cmdline``; the job supervisor runs
+    that line with ``shell=True`` and the runtime env's variables. Here ``ray`` is a stand-in that records its
+    words, /opt/relax is this checkout, and RELAX_LAUNCH=dry-run replaces ``here`` so the plan is printed."""
+    job = next(d.body for d in rendered(name) if d.kind == "RayJob")["spec"]
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    recorded = tmp_path / "entrypoint"
+    (fake_bin / "ray").write_text(
+        f"#!{sys.executable}\nimport subprocess, sys\nwords = sys.argv[sys.argv.index('--') + 1:]\n"
+        f"open({str(recorded)!r}, 'w').write(subprocess.list2cmdline(words))\n")
+    (fake_bin / "ray").chmod(0o755)
+    submitter = subprocess.run(
+        ["bash", "-ce", f"ray job submit --address http://relax-head-svc:8265 -- {job['entrypoint']}"],
+        env={**os.environ, "PATH": f"{fake_bin}:{os.environ['PATH']}"}, capture_output=True, text=True, timeout=60)
+    assert submitter.returncode == 0 and submitter.stdout == "", submitter.stderr  # nothing ran in the submitter
+    line = recorded.read_text().replace("/opt/relax", str(REPO))
+    env_vars = {k: str(v).replace("/opt/relax", str(REPO))
+                for k, v in yaml.safe_load(job["runtimeEnvYAML"])["env_vars"].items()}
+    assert env_vars.pop("RELAX_LAUNCH") == "here"
+    driver = subprocess.run(line, shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                            env={**os.environ, **env_vars, "RELAX_LAUNCH": "dry-run", "PYTHON": sys.executable})
+    assert driver.returncode == 0, driver.stderr
+    assert plan_line in driver.stdout and "autoscaler enabled" in driver.stdout

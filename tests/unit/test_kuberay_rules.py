@@ -154,12 +154,31 @@ def _literal_token(bodies: list[dict[str, Any]]) -> None:
     env[0] = {"name": "RELAX_API_TOKEN", "value": "s3cret"}
 
 
+def _pdbs(bodies: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {b["metadata"]["name"]: b for b in bodies if b["kind"] == "PodDisruptionBudget"}
+
+
 def _no_pdb(bodies: list[dict[str, Any]]) -> None:
-    bodies.remove(of_kind(bodies, "PodDisruptionBudget"))
+    bodies.remove(_pdbs(bodies)["relax-stable"])
+
+
+def _no_head_pdb(bodies: list[dict[str, Any]]) -> None:
+    bodies.remove(_pdbs(bodies)["relax-head"])
 
 
 def _loose_pdb(bodies: list[dict[str, Any]]) -> None:
-    of_kind(bodies, "PodDisruptionBudget")["spec"]["maxUnavailable"] = 1
+    _pdbs(bodies)["relax-stable"]["spec"]["minAvailable"] = 0
+
+
+def _max_unavailable_pdb(bodies: list[dict[str, Any]]) -> None:
+    spec = _pdbs(bodies)["relax-stable"]["spec"]
+    spec.pop("minAvailable")
+    spec["maxUnavailable"] = 0
+
+
+def _entrypoint_with_cd(bodies: list[dict[str, Any]]) -> None:
+    job = of_kind(bodies, "RayJob")["spec"]
+    job["entrypoint"] = "cd /opt/relax && bash scripts/entrypoint/ray-job.sh " + job["entrypoint"].split()[-1]
 
 
 def _job(**spec: Any) -> Callable[[list[dict[str, Any]]], None]:
@@ -237,8 +256,15 @@ CASES: list[tuple[str, Callable[[list[dict[str, Any]]], None], Rule]] = [
     ("/dev/shm without a sizeLimit", _shm_unsized, Rule.SHM),
     ("a secret in runtimeEnvYAML", _secret_in_runtime_env, Rule.SECRETS),
     ("a token written into the head's env", _literal_token, Rule.SECRETS),
-    ("no PodDisruptionBudget", _no_pdb, Rule.STABLE_PDB),
+    ("no PodDisruptionBudget over the stable group", _no_pdb, Rule.STABLE_PDB),
+    ("no PodDisruptionBudget over the head", _no_head_pdb, Rule.STABLE_PDB),
     ("a PodDisruptionBudget that allows an eviction", _loose_pdb, Rule.STABLE_PDB),
+    ("a PodDisruptionBudget with maxUnavailable", _max_unavailable_pdb, Rule.STABLE_PDB),
+    ("an entrypoint of two commands", _entrypoint_with_cd, Rule.RAYJOB),
+    ("clusterSelector with backoffLimit", _job(backoffLimit=2), Rule.RAYJOB),
+    ("idleTimeoutSeconds without autoscaler v2", _set("autoscalerOptions.version", "v1"), Rule.REPLICAS),
+    ("an AWS secret in runtimeEnvYAML", lambda b: of_kind(b, "RayJob")["spec"].__setitem__(
+        "runtimeEnvYAML", "env_vars:\n  AWS_SECRET_ACCESS_KEY: x\n"), Rule.SECRETS),
 ]
 
 
@@ -249,7 +275,8 @@ def test_each_rule_names_what_breaks_it(what: str, change, rule: Rule) -> None:
     findings = check_documents(documents(bodies))
     assert rule in {f.rule for f in findings}, [f.line() for f in findings]
     for finding in findings:  # one line each, naming the object and the field
-        assert "\n" not in finding.line() and finding.where.startswith(("RayCluster/", "RayJob/"))
+        assert "\n" not in finding.line()
+        assert finding.where.startswith(("RayCluster/", "RayJob/", "PodDisruptionBudget/"))
 
 
 def test_every_rule_has_a_negative_case() -> None:
@@ -259,6 +286,18 @@ def test_every_rule_has_a_negative_case() -> None:
 
 # --------------------------------------------------------------------------------------------------
 # The plan's rules
+
+
+def test_what_kuberay_accepts_is_not_flagged() -> None:
+    bodies = base_bodies()
+    elastic(bodies)["rayStartParams"] = {}
+    elastic(bodies)["resources"] = {"cpu": "12", "gpu": "1"}  # lower-case keys: the operator lowercases them
+    for where in ("limits", "requests"):
+        elastic(bodies)["template"]["spec"]["containers"][0]["resources"][where].pop("nvidia.com/gpu")
+    of_kind(bodies, "RayJob")["spec"]["runtimeEnvYAML"] += "  TOKENIZERS_PARALLELISM_X: \"false\"\n"
+    of_kind(bodies, "RayJob")["spec"]["entrypoint"] = "bash -c 'cd /opt/relax && exec bash run.sh'"
+    assert check_documents(documents(bodies), plan=recipe_plan()) == []
+    assert cluster_groups(cluster(bodies))[2].cpus == 12.0
 
 
 def test_elastic_group_must_hold_exactly_the_autoscaler_headroom() -> None:
@@ -344,6 +383,8 @@ def test_quantities(text: object, value: float | None) -> None:
     ({"cloud.google.com/gke-spot": "true"}, {}, 30, "20", 15, False),       # the old advice: 15 s really
     ({"cloud.google.com/gke-spot": "true"}, {"relax.io/platform-grace-seconds": "120"}, 120, "100", 120, True),
     ({"karpenter.sh/capacity-type": "spot"}, {}, 100, "80", 100, True),     # EKS: the pod's own grace
+    ({"karpenter.sh/capacity-type": "spot"}, {}, 300, "250", 110, False),   # the instance is gone at 120 s
+    ({"eks.amazonaws.com/capacityType": "SPOT"}, {}, 60, "45", 60, True),
     ({}, {}, None, None, 30, False),                                        # 30 s drain in 30 s: no room
 ])
 def test_pod_grace(selector, annotations, own, drain, effective, ok) -> None:

@@ -21,6 +21,9 @@ KUBERNETES_DEFAULT_GRACE_S = 30  # terminationGracePeriodSeconds when unset
 GRACE_CAPS: tuple[tuple[str, str, int, str], ...] = (
     ("cloud.google.com/gke-spot", "true", 15, "GKE Spot (its default node shutdown grace for pods)"),
     ("cloud.google.com/gke-preemptible", "true", 15, "GKE preemptible VMs (its default node shutdown grace)"),
+    # AWS Spot: the instance is gone 2 minutes after the notice; an interruption handler needs a few seconds
+    ("karpenter.sh/capacity-type", "spot", 110, "AWS Spot (a 2-minute notice, less the handler's reaction)"),
+    ("eks.amazonaws.com/capacityType", "SPOT", 110, "AWS Spot (a 2-minute notice, less the handler's reaction)"),
 )
 #: Pod-template annotation for a node pool whose shutdown grace was raised (GKE Standard allows up to 120 s).
 GRACE_ANNOTATION = "relax.io/platform-grace-seconds"
@@ -37,7 +40,7 @@ class Grace:
 
     @property
     def ok(self) -> bool:
-        return self.drain_s < self.effective_s <= self.pod_grace_s
+        return self.drain_s < self.effective_s  # effective_s never exceeds the pod's own grace
 
 
 def _env_value(container: Mapping[str, Any], name: str) -> str | None:

@@ -147,11 +147,11 @@ def ray_group(spec: Mapping[str, Any], where: str, is_head: bool) -> RayGroup:
     field_resources = _mapping(spec.get("resources"))
     for key, value in field_resources.items():  # KubeRay >= 1.5: the group-level `resources` field
         amount = quantity(value) or 0.0
-        if key == "CPU":
+        if str(key).lower() == "cpu":  # the operator lowercases the field's keys
             cpus = amount
         elif str(key).lower().endswith(GPU_LIMIT_SUFFIX):
             gpus = amount  # the operator writes every *gpu key as --num-gpus: a marker here never reaches Ray
-        elif key != "memory":
+        elif str(key).lower() != "memory":
             custom[str(key)] = amount
     if "num-cpus" in params:
         cpus = quantity(params["num-cpus"]) or 0.0

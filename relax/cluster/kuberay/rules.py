@@ -16,6 +16,7 @@ Three kinds, all pure (a list of documents in, findings out):
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -35,7 +36,12 @@ DNS_1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-
 NAME_LIMITS = {"RayCluster": 53, "RayJob": 47}
 START_PARAMS_EXCLUSIVE = ("num-cpus", "num-gpus", "memory", "resources")
 TOKEN_AUTH_MIN_RAY = (2, 52, 0)
-SECRET_NAMES = re.compile(r"(^|_)(TOKEN|SECRET|PASSWORD|API_KEY)$|^RELAX_.*_KEY$")
+# A name with one of these words between underscores (not TOKENIZERS_PARALLELISM): WANDB_API_KEY,
+# AWS_SECRET_ACCESS_KEY, RELAX_API_TOKEN, HF_TOKEN ...
+SECRET_NAMES = re.compile(r"(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|KEY)(_|$)")
+# Words of a shell line: KubeRay pastes an entrypoint unquoted into the submitter's `bash -c "ray job submit ... --
+# <entrypoint>"`, so these split it and run the rest in the submitter pod.
+SHELL_OPERATORS = frozenset({"&&", "||", ";", "|", "&", ">", ">>", "<", "(", ")"})
 SHM_PATH = "/dev/shm"
 PDB_KIND = "PodDisruptionBudget"
 
@@ -111,6 +117,10 @@ def _cluster(document: Document, spec: Mapping[str, Any], prefix: str, node_grou
             found += _restart_policy(document, group, where)
         found += _secrets_in_containers(document, group.pod_spec, f"{where}.template.spec")
         if not group.is_head:
+            if group.spec.get("idleTimeoutSeconds") is not None and not v2:
+                found.append(_finding(Rule.REPLICAS, document, f"{where}.idleTimeoutSeconds",
+                                      "a group's idleTimeoutSeconds needs autoscaler v2 (enableInTreeAutoscaling "
+                                      "and autoscalerOptions.version: v2); KubeRay refuses it otherwise"))
             found += _replicas(document, group, where)
             found += _drain(document, group, where)
             found += _shm(document, group, where)
@@ -164,7 +174,7 @@ def _group_resources(document: Document, group: RayGroup, where: str) -> Iterato
                        f"the group's resources field and rayStartParams {', '.join(clash)} exclude each other "
                        "(KubeRay refuses the cluster); keep one")
     for key in field_resources:
-        if str(key).lower().endswith(GPU_LIMIT_SUFFIX) and key != "GPU":
+        if str(key).lower().endswith(GPU_LIMIT_SUFFIX) and str(key).lower() != "gpu":
             yield _finding(Rule.GPU_KEY_IN_RESOURCES, document, f"{where}.resources.{key}",
                            f"KubeRay turns every key ending in 'gpu' in a group's resources field into --num-gpus, "
                            f"so {key!r} never reaches Ray; put markers in rayStartParams.resources as "
@@ -208,7 +218,8 @@ def _replicas(document: Document, group: RayGroup, where: str) -> Iterator[Findi
     elif not group.min_replicas <= group.replicas <= group.max_replicas:
         yield _finding(Rule.REPLICAS, document, f"{where}.replicas",
                        f"replicas {group.replicas} is outside minReplicas..maxReplicas "
-                       f"({group.min_replicas}..{group.max_replicas})")
+                       f"({group.min_replicas}..{group.max_replicas}); KubeRay would clamp it: write the number "
+                       "you mean (a fixed group: all three equal)")
 
 
 def _drain(document: Document, group: RayGroup, where: str) -> Iterator[Finding]:
@@ -248,26 +259,37 @@ def _secrets_in_containers(document: Document, pod_spec: Mapping[str, Any], wher
                                    "(valueFrom.secretKeyRef)")
 
 
+def _pdb_blocks(pdb: Document, labels: Mapping[str, str], replicas: int) -> bool:
+    """Whether ``pdb`` selects pods with ``labels`` and keeps all ``replicas`` of them from voluntary eviction."""
+    spec = pdb.body.get("spec") or {}
+    wanted = (spec.get("selector") or {}).get("matchLabels") or {}
+    minimum = spec.get("minAvailable")
+    return (bool(wanted) and all(labels.get(k) == v for k, v in wanted.items())
+            and isinstance(minimum, int) and not isinstance(minimum, bool) and minimum >= replicas)
+
+
 def _pdb(document: Document, groups: list[RayGroup], markers: tuple[str, ...], cluster: str,
          pdbs: list[Document]) -> Iterator[Finding]:
+    for pdb in pdbs:
+        if "maxUnavailable" in (pdb.body.get("spec") or {}):
+            yield _finding(Rule.STABLE_PDB, pdb, "spec.maxUnavailable",
+                           "a RayCluster has no scale subresource, so a budget over its pods may only use an "
+                           "integer minAvailable (with maxUnavailable the disruption controller cannot count the "
+                           "pods); write minAvailable: <pods>")
     for group in groups:
-        if group.is_head or not any(m in group.custom for m in markers):
-            continue
-        labels = {"ray.io/cluster": cluster, "ray.io/group": group.name, "ray.io/node-type": "worker",
+        if not group.is_head and not any(m in group.custom for m in markers):
+            continue  # the head (the driver) and the stable group must stay; elastic pods may go
+        role = {"ray.io/node-type": "head"} if group.is_head else {"ray.io/group": group.name,
+                                                                   "ray.io/node-type": "worker"}
+        labels = {"ray.io/cluster": cluster, **role,
                   **((group.spec.get("template") or {}).get("metadata") or {}).get("labels", {})}
-        covered = False
-        for pdb in pdbs:
-            spec = pdb.body.get("spec") or {}
-            wanted = (spec.get("selector") or {}).get("matchLabels") or {}
-            blocks = spec.get("maxUnavailable") in (0, "0", "0%") or (
-                isinstance(spec.get("minAvailable"), int) and spec["minAvailable"] >= group.replicas)
-            if wanted and all(labels.get(k) == v for k, v in wanted.items()) and blocks:
-                covered = True
-        if not covered:
-            yield _finding(Rule.STABLE_PDB, document, f"{group.where}",
-                           f"no PodDisruptionBudget keeps voluntary evictions off the stable group {group.name!r}: "
-                           f"add one selecting ray.io/cluster: {cluster}, ray.io/group: {group.name} with "
-                           "maxUnavailable: 0 (KubeRay makes none)")
+        if not any(_pdb_blocks(pdb, labels, group.replicas) for pdb in pdbs):
+            what = "the head (it runs the driver)" if group.is_head else f"the stable group {group.name!r}"
+            select = ", ".join(f"{k}: {v}" for k, v in {"ray.io/cluster": cluster, **role}.items()
+                               if k != "ray.io/node-type" or group.is_head)
+            yield _finding(Rule.STABLE_PDB, document, group.where,
+                           f"no PodDisruptionBudget keeps voluntary evictions off {what}: add one selecting "
+                           f"{select} with minAvailable: {group.replicas} (KubeRay makes none)")
 
 
 def _plan(document: Document, prefix: str, plan: Plan, groups: list[RayGroup]) -> Iterator[Finding]:
@@ -298,7 +320,12 @@ def _rayjob(document: Document, clusters: list[Document], node_group: str, plan:
     if has_spec == bool(selector):
         found.append(_finding(Rule.RAYJOB, document, "spec",
                               "give either rayClusterSpec (a cluster for this job) or clusterSelector (an existing "
-                              "RayCluster), not both or neither"))
+                              "RayCluster): with both KubeRay ignores rayClusterSpec, with neither it has no cluster"))
+    if selector and (spec.get("submissionMode") == "SidecarMode" or (spec.get("backoffLimit") or 0) > 0):
+        found.append(_finding(Rule.RAYJOB, document, "spec.clusterSelector",
+                              "a RayJob on an existing cluster (clusterSelector) cannot use SidecarMode or "
+                              "backoffLimit > 0 (KubeRay refuses it)"))
+    found += _entrypoint(document, spec)
     if selector is not None and "ray.io/cluster" not in (selector or {}):
         found.append(_finding(Rule.RAYJOB, document, "spec.clusterSelector",
                               "clusterSelector needs the key ray.io/cluster: <RayCluster name>"))
@@ -317,6 +344,26 @@ def _rayjob(document: Document, clusters: list[Document], node_group: str, plan:
     if has_spec:
         found += _cluster(document, spec["rayClusterSpec"], "spec.rayClusterSpec", node_group, plan, pdbs)
     return found
+
+
+def _entrypoint(document: Document, spec: Mapping[str, Any]) -> Iterator[Finding]:
+    text = spec.get("entrypoint")
+    if not isinstance(text, str) or spec.get("submissionMode", "K8sJobMode") != "K8sJobMode":
+        return
+    try:
+        lexer = shlex.shlex(text, posix=True, punctuation_chars=True)
+        lexer.whitespace_split = True
+        words = list(lexer)
+    except ValueError as error:
+        yield _finding(Rule.RAYJOB, document, "spec.entrypoint", f"is not one shell command ({error})")
+        return
+    operators = sorted({w for w in words if w in SHELL_OPERATORS})
+    if operators:
+        yield _finding(Rule.RAYJOB, document, "spec.entrypoint",
+                       f"holds {' '.join(operators)}: KubeRay pastes the entrypoint unquoted after `ray job submit "
+                       "... --` in the submitter's bash, so only what comes before it runs as the Ray job and the "
+                       "rest runs in the submitter pod; make it one command (settings in runtimeEnvYAML env_vars, "
+                       "absolute paths, or bash -c '...')")
 
 
 def _runtime_env_secrets(document: Document, text: object) -> Iterator[Finding]:
