@@ -427,6 +427,25 @@ def test_registry_ids_and_one_at_a_time_conflict_names_the_running_request() -> 
     assert registry.submit_scale_out(ScaleOutSpec(num_replicas=8), pool, initial_count=4).request_id == "so-2"
 
 
+def test_scale_in_while_a_scale_out_starts_its_engines_is_a_conflict_not_bad_input() -> None:
+    """The soak's case: 2 initial engines, a scale-out to 3 whose engine is still STARTING, then a scale-in to 2.
+    Too few ACTIVE elastic engines is the pool's state of the moment: 409 naming the scale-out, not 400."""
+    pool = make_pool(initial=2)
+    registry = ScaleRequestRegistry(FakeClock())
+    running = registry.submit_scale_out(ScaleOutSpec(num_replicas=3), pool, initial_count=2)
+    starting = pool.add(EngineKind.ELASTIC)
+    pool.transition(starting.engine_id, EngineState.STARTING)
+    with pytest.raises(ScaleConflict) as info:
+        registry.submit_scale_in(ScaleInSpec(num_replicas=2), pool, initial_count=2)
+    assert http_status_of(info.value) == 409 and info.value.running_request_id == running.request_id
+    with pytest.raises(RejectedRequest):  # a request that is wrong whatever runs is still 400
+        registry.submit_scale_in(ScaleInSpec(num_replicas=1), pool, initial_count=2)
+    running.fail("placement timed out")
+    with pytest.raises(RejectedRequest) as rejected:  # nothing runs: the pool's state is the answer
+        registry.submit_scale_in(ScaleInSpec(num_replicas=2), pool, initial_count=2)
+    assert rejected.value.code == "not_enough_victims"
+
+
 def test_noop_is_not_registered() -> None:
     registry = ScaleRequestRegistry(FakeClock())
     result = registry.submit_scale_out(ScaleOutSpec(num_replicas=4), make_pool(), initial_count=4)

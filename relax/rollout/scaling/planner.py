@@ -106,6 +106,11 @@ class ScaleInSpec:
 # -- answers ------------------------------------------------------------------------------------------
 
 
+#: Rejections that describe the pool's current state rather than the request: too few ACTIVE elastic engines
+#: to pick by count (a scale-out's engines still starting are not ACTIVE yet).
+POOL_STATE_CODES = frozenset({"not_enough_victims"})
+
+
 @dataclass(frozen=True)
 class Rejection:
     """A planner's "no": a machine-readable ``code``, the field to fix, and why.
@@ -118,6 +123,12 @@ class Rejection:
     field: str | None
     message: str
     value: Any = None  # the offending value, when one value is to blame
+
+    @property
+    def depends_on_pool(self) -> bool:
+        """A "no" about the pool as it is this moment, not about the request: while another scale operation
+        changes the pool, that operation is the answer (409, ask again), not this (400, fix the request)."""
+        return self.code in POOL_STATE_CODES
 
     def to_error(self) -> ScalingError:
         if self.code == "unknown_model":

@@ -153,9 +153,12 @@ class ScaleRequestRegistry:
         self, spec: ScaleInSpec, pool: EnginePool, *, initial_count: int
     ) -> ScaleInRequest | Noop | ScaleInPlan:
         """The ``POST /rollout/scale_in`` entry point; a dry run returns the plan and may run while another
-        operation is in progress (it changes nothing)."""
+        operation is in progress (it changes nothing). A rejection about the pool's state (too few ACTIVE
+        elastic engines) while another operation runs is that operation's :class:`ScaleConflict`."""
         outcome = plan_scale_in(spec, pool, initial_count=initial_count)
         if isinstance(outcome, Rejection):
+            if outcome.depends_on_pool:
+                self.ensure_idle()  # the pool is being changed: 409 names the running request, not a 400
             raise outcome.to_error()
         if isinstance(outcome, ScaleInPlan) and outcome.dry_run:
             return outcome
