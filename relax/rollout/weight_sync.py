@@ -8,8 +8,9 @@ engine and version by ``choose_transport``; the engine's lifecycle (start, fail,
   trainer never waits. A version published while engines sync is picked up when they finish (each engine
   loops until it holds the newest).
 * **sync_to_latest** brings one engine to the newest version (a joining engine does this before it is ACTIVE).
-  One sync per engine at a time. A version the trainer dropped before its send began (``VersionSuperseded``)
-  is skipped for the next one, with the engine untouched.
+  One sync per engine at a time. A version the trainer dropped before its send began, or whose checksums were
+  dropped with it while the load was being checked (``VersionSuperseded``), is skipped for the next one: the
+  engine catches up to the newest instead of failing.
 * **syncing** engines are paused or loading: the fleet does not health-probe them (a paused SGLang fails its
   health generation) and the dispatcher holds their requests (:meth:`wait_not_syncing`).
 * A failed load fails the engine (``on_failure``): it is never resumed on part of a version or left serving
@@ -64,6 +65,13 @@ def engines_behind(active: Iterable[EngineRecord], latest_version: int | None) -
     return [r.engine_id for r in active if (r.weight_version or 0) < latest_version]
 
 
+def _cancel_requested() -> bool:
+    """Whether the running task was asked to stop, as opposed to a task it awaited having been cancelled."""
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)  # Python >= 3.11
+    return bool(cancelling()) if cancelling is not None else False
+
+
 async def check_served_weights(engine_id: str, version: int, client: Any,
                                expected: Callable[[], Awaitable[Mapping[str, str]]], *, attempt: int = 0,
                                timeout_s: float = VERIFY_TIMEOUT_S) -> Verification:
@@ -82,6 +90,13 @@ async def check_served_weights(engine_id: str, version: int, client: Any,
         log.warning("%s: no checksums of v%d to check it against: %s", engine_id, version, exc)
         return Verification(engine_id, version, VerifyResult.UNCHECKABLE, "", seconds=time.monotonic() - began,
                             attempt=attempt, detail=f"no checksums of v{version} to compare with: {exc}")
+    except asyncio.CancelledError:
+        served_call.cancel()
+        if _cancel_requested():  # this check itself is being cancelled (shutdown, a deadline): let it go
+            raise
+        # The publication's checksums were dropped with the version: a newer one was published meanwhile.
+        raise VersionSuperseded(f"weights v{version} were replaced by a newer publication while {engine_id} was "
+                                "checked against them") from None
     except BaseException:
         served_call.cancel()
         raise
@@ -203,9 +218,8 @@ class WeightSync:
                          if should_verify(self.verify_policy, verified_before=engine_id in self._verified) else None)
                 try:
                     timings = await self._send(engine_id, latest, check)
-                except VersionSuperseded:
-                    log.info("%s: weights v%d superseded before its send began; moving on to the newest", engine_id,
-                             latest.version)
+                except VersionSuperseded as superseded:
+                    log.info("%s: %s; moving on to the newest", engine_id, superseded)
                     await self._newer_than(latest.version)
                     continue
                 self._loaded(engine_id, latest, timings)

@@ -126,6 +126,67 @@ async def test_a_superseded_version_waits_for_the_newer_publication() -> None:
     assert transport.sent == [("engine_0", 1), ("engine_0", 2)] and pool.get("engine_0").weight_version == 2
 
 
+class CheckedClient:
+    """An engine's checks: how it hashes (SHA-256, the default) and what it serves."""
+
+    async def get_server_info(self) -> dict[str, Any]:
+        return {}
+
+    async def weights_checksums(self, timeout: float | None = None) -> dict[str, str]:
+        return {"w": "abc"}
+
+
+class RankZero:
+    """The trainer's rank 0 as a sender: the checksums of v1 are slow to come (never, here); later ones at once."""
+
+    def __init__(self) -> None:
+        self.asked: list[int] = []
+        self.slow = asyncio.Event()
+
+    async def checksums(self, version: int, timeout: float, algorithm: str) -> dict[str, str]:
+        self.asked.append(version)
+        if version == 1:
+            self.slow.set()
+            await asyncio.Event().wait()
+        return {"w": "abc"}
+
+
+class CheckingTransport(FakeTransport):
+    async def send(self, engine_id: str, client: Any, latest: Any, check: Any = None, *,
+                   verify_only: bool = False) -> dict[str, Any]:
+        self.sent.append((engine_id, latest.version))
+        return {"verifications": [await check(0)]} if check is not None else {}
+
+
+async def test_a_join_checked_against_a_version_that_a_newer_one_replaces_catches_up_instead_of_failing() -> None:
+    """The soak's "timed out while WEIGHT_SYNCING" 0.37 s into a good refit: the joiner's load of v1 was being
+    checked when v2 and v3 were published; v1 left the registry (it keeps 2) and its checksums' fetch was
+    cancelled under the check. Now the join moves on to v3 and becomes ACTIVE on it, verified."""
+    pool, transport, failures = EnginePool(time.time), CheckingTransport(), []
+    joiner = pool.add(EngineKind.ELASTIC).engine_id
+    for state in (S.STARTING, S.HEALTH_CHECKING, S.WEIGHT_SYNCING):
+        pool.transition(joiner, state)
+    rank0 = RankZero()
+
+    async def on_failure(engine_id: str, exc: BaseException) -> None:
+        failures.append((engine_id, exc))
+
+    sync = WeightSync(pool, WeightRegistry(keep=2), {kind: transport for kind in TransportKind},
+                      lambda engine_id: CheckedClient(), on_failure=on_failure, superseded_wait_s=2.0)
+    sync.registry.publish(1, [], manifest(1), sender=rank0)
+    join = asyncio.create_task(sync.sync_to_latest(joiner))
+    await rank0.slow.wait()  # v1 is loaded; its check waits for v1's checksums
+    for version in (2, 3):
+        sync.publish(version, [], manifest(version), source=rank0)
+    sync._expected_checksums(sync.registry.latest())  # the next check's fetch drops the fetches of dropped versions
+    await asyncio.wait_for(join, 5.0)
+    await sync.settle()
+    assert failures == []
+    assert transport.sent[0] == (joiner, 1) and transport.sent[-1][1] == 3
+    record = pool.get(joiner)
+    assert record.weight_version == 3 and sync.last_syncs[joiner]["verified"]
+
+
 async def test_a_failed_load_fails_the_engine_and_never_counts_as_served() -> None:
     pool, transport, failures = active_pool(2), FakeTransport(), []
     sync = make_sync(pool, transport, failures)
