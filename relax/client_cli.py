@@ -203,7 +203,8 @@ def _node(node_id: Any) -> str:
 def engines_table(body: Mapping[str, Any]) -> Table:
     """``GET /rollout/engines`` as a table: one row per engine, all models."""
     table = Table(title="Rollout engines", title_justify="left")
-    for column in ("ENGINE", "KIND", "STATUS", "URL", "WEIGHTS", "DIGEST", "IN-FLIGHT", "NODE", "JOINED"):
+    for column in ("ENGINE", "KIND", "STATUS", "URL", "WEIGHTS", "DIGEST", "IN-FLIGHT", "NODE", "JOINED",
+                   "BRING-UP"):
         table.add_column(column, no_wrap=True,
                          justify="right" if column in ("WEIGHTS", "IN-FLIGHT", "JOINED") else "left")
     for model, group in (body.get("models") or {}).items():
@@ -219,6 +220,7 @@ def engines_table(body: Mapping[str, Any]) -> Table:
                 _cell(engine.get("in_flight")),
                 _node(engine.get("node_id")),
                 _joined(engine),
+                bring_up_text(engine.get("bring_up")),
             )
     return table
 
@@ -237,6 +239,26 @@ def _joined(engine: Mapping[str, Any]) -> str:
     if active is None:
         return "-"
     return f"{active:.1f}s / {answer:.1f}s" if answer is not None else f"{active:.1f}s / -"
+
+
+_PHASE_SHORT = {"capacity": "cap", "actor": "actor", "prepare": "prep", "server_start": "server", "start": "start",
+                "first_answer": "answer", "weight_sync": "sync", "verify": "verify"}
+
+
+def bring_up_text(bring_up: Mapping[str, Any] | None) -> str:
+    """``cap 12.0 · server 20.1 · sync 0.3 · verify 0.1 = 34.2s``; a bring-up in progress ends with its current
+    phase (``… · sync 3.1… ``); "-" when there is none."""
+    if not bring_up:
+        return "-"
+    parts = [f"{_PHASE_SHORT.get(p, p)} {s:.1f}" for p, s in (bring_up.get("phases") or {}).items()
+             if s >= 0.05 or p in ("capacity", "server_start")]
+    current = bring_up.get("current")
+    if current:
+        parts.append(f"{_PHASE_SHORT.get(current, current)} {bring_up.get('current_for_s') or 0:.1f}…")
+        return " · ".join(parts)
+    outcome = bring_up.get("outcome")
+    end = f" = {bring_up.get('total_s', 0):.1f}s"
+    return " · ".join(parts) + end + ("" if outcome in (None, "ACTIVE") else f" ({str(outcome)[:40]})")
 
 
 def requests_table(records: Sequence[Mapping[str, Any]], direction: str) -> Table:

@@ -31,6 +31,7 @@ from relax.pace import Pace, PaceAnonymous
 from relax.rollout.api_models import (
     CancelBatchBody,
     CancelBatchResponse,
+    EngineDetailView,
     EnginesResponse,
     ErrorResponse,
     ScaleAccepted,
@@ -83,6 +84,8 @@ class RolloutBackend(Protocol):
     """What the routes call: the rollout manager's control API (see ``rollout.control``)."""
 
     def engines_view(self, model_name: str | None) -> Awaitable[dict[str, Any]]: ...
+
+    def engine_view(self, engine_id: str) -> Awaitable[dict[str, Any]]: ...
 
     def scale_out(self, spec: ScaleOutSpec) -> Awaitable[dict[str, Any]]: ...
 
@@ -301,6 +304,11 @@ def _rollout_router(backend: RolloutBackend) -> APIRouter:
         """Engines of the pool with their lifecycle status; removed and failed ones are hidden."""
         return await _answer(backend.engines_view(model_name))
 
+    @router.get("/engines/{engine_id}", response_model=EngineDetailView, responses=_error_responses(401, 404, 503))
+    async def engine(engine_id: EngineId) -> JSONResponse:
+        """One engine, live or recently gone: its bring-up phase by phase, its states and its last error."""
+        return await _answer(backend.engine_view(engine_id))
+
     @router.post("/engines/{engine_id}/verify", response_model=WeightVerificationView,
                  responses=_error_responses(400, 401, 404, 503))
     async def verify_engine(engine_id: EngineId) -> JSONResponse:
@@ -469,6 +477,7 @@ def create_app(backend: RolloutBackend, *, token: str | None, autoscaler: Any | 
 
 _BACKEND_METHODS = (
     "engines_view",
+    "engine_view",
     "scale_out",
     "scale_in",
     "list_scale_requests",

@@ -554,6 +554,24 @@ class CancelBatchResponse(BaseModel):
     skipped: list[dict[str, str]]
 
 
+class BringUpView(BaseModel):
+    """An engine's bring-up: where the seconds from the decision to start it went (docs/elastic.md, "Bring-up
+    phases")."""
+
+    model_config = _RESPONSE
+
+    phases: dict[str, float]
+    """Finished phases in order, in seconds: capacity, actor, prepare, server_start (or start), first_answer,
+    weight_sync, verify."""
+    current: str | None
+    """The phase it is in now (None once it ended)."""
+    current_for_s: float | None
+    total_s: float
+    """From the decision to now, or to its end."""
+    outcome: str | None
+    """``ACTIVE``, or why it stopped (``REMOVED: ...`` when it did nothing wrong); None while it runs."""
+
+
 class EngineView(BaseModel):
     """One engine in ``GET /rollout/engines``; ``status`` is its lifecycle state.
 
@@ -577,6 +595,8 @@ class EngineView(BaseModel):
     """Seconds from the decision to start this engine to ACTIVE on the newest weights."""
     join_first_answer_s: float | None = None
     """Seconds from that decision to its first answer (generated on the current weights); None until then."""
+    bring_up: BringUpView | None = None
+    """Its bring-up phase by phase (``rollout.bringup``); None for an engine that was never brought up here."""
 
     @classmethod
     def from_record(cls, record: EngineRecord) -> EngineView:
@@ -591,6 +611,14 @@ class EngineView(BaseModel):
             in_flight=record.in_flight,
             node_id=record.node_id,
         )
+
+
+class EngineDetailView(EngineView):
+    """``GET /rollout/engines/{engine_id}``: one engine, live or recently gone."""
+
+    created_at: float
+    last_error: str | None
+    transitions: list[TransitionView]
 
 
 class WeightVerificationView(BaseModel):

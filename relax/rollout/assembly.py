@@ -83,6 +83,7 @@ class Rollout:
             weight_syncs={eid: dict(t) for eid, t in sync.last_syncs.items()},
             last_verifications={eid: dict(v) for eid, v in sync.last_verifications.items()},
             evictions={eid: dict(e) for eid, e in fleet.last_evictions.items()}, joins=fleet.joins.to_dict(),
+            bring_up_phases=fleet.bring_ups.histogram.to_dict(),
             sglang_router=fleet.sglang_router.status() if fleet.sglang_router else None,
             last_join_active_s=join.decision_to_active_s if join else None,
             last_join_first_answer_s=join.decision_to_first_answer_s if join else None,
@@ -199,7 +200,7 @@ def build_rollout(
 
     verify_fn: Callable[[str], Awaitable[Mapping[str, Any]]] = verify
     control = RolloutControl(pool, executor, events, in_flight=router.in_flight, run_status=run_status,
-                             joins=fleet.joins, verify=verify_fn)
+                             joins=fleet.joins, bring_ups=fleet.bring_ups, verify=verify_fn)
     return Rollout(settings=settings, events=events, weights=weights, pool=pool, router=router,
                    weight_sync=weight_sync, fleet=fleet, dispatcher=dispatcher, executor=executor, loop=loop,
                    control=control)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from relax.rollout.bringup import BringUpLog
 from relax.rollout.events import SCALE_EVENT_KINDS, EventLog
 from relax.rollout.executor import ScaleExecutor
 from relax.rollout.joins import JoinLog
@@ -39,6 +40,7 @@ class RolloutControl:
         in_flight: Callable[[str], int] | None = None,
         run_status: Callable[[], Mapping[str, Any]] = dict,
         joins: JoinLog | None = None,
+        bring_ups: BringUpLog | None = None,
         verify: Callable[[str], Awaitable[Mapping[str, Any]]] | None = None,
     ) -> None:
         self.pool = pool
@@ -47,6 +49,7 @@ class RolloutControl:
         self.event_log = events
         self._in_flight = in_flight
         self._joins = joins
+        self._bring_ups = bring_ups
         self._run_status = run_status
 
     # -- views ------------------------------------------------------------------------------------
@@ -56,17 +59,29 @@ class RolloutControl:
             check_model_name(model_name)
         self._refresh_in_flight()
         live = [r for r in self.pool.records() if not r.state.terminal]
-        view = [{"engine_id": r.engine_id, "url": r.url, "kind": r.kind.value, "status": r.state.value,
-                 "weight_version": r.weight_version, "weight_digest": r.weight_digest,
-                 "weights_verified": r.weights_verified, "in_flight": r.in_flight, "node_id": r.node_id,
-                 **self._join_view(r.engine_id)} for r in live]
+        view = [self._engine_view(r) for r in live]
         return {"models": {model_name or DEFAULT_MODEL: {"engines": view}}, "total_engines": len(view),
                 "active_engines": len(self.pool.active())}
 
-    def _join_view(self, engine_id: str) -> dict[str, float | None]:
-        join = self._joins.get(engine_id) if self._joins is not None else None
-        return {"join_active_s": join.decision_to_active_s if join else None,
-                "join_first_answer_s": join.decision_to_first_answer_s if join else None}
+    async def engine_view(self, engine_id: str) -> dict[str, Any]:
+        """``GET /rollout/engines/{engine_id}``: one engine, live or recently gone, with its bring-up, its states
+        and its last error."""
+        try:
+            record = self.pool.get(engine_id)
+        except UnknownEngine:
+            raise NoSuchEngine(engine_id) from None
+        self._refresh_in_flight()
+        return {**self._engine_view(record), "created_at": record.created_at, "last_error": record.last_error,
+                "transitions": [{"status": state.value, "at": at} for state, at in record.transitions]}
+
+    def _engine_view(self, r: Any) -> dict[str, Any]:
+        join = self._joins.get(r.engine_id) if self._joins is not None else None
+        return {"engine_id": r.engine_id, "url": r.url, "kind": r.kind.value, "status": r.state.value,
+                "weight_version": r.weight_version, "weight_digest": r.weight_digest,
+                "weights_verified": r.weights_verified, "in_flight": r.in_flight, "node_id": r.node_id,
+                "join_active_s": join.decision_to_active_s if join else None,
+                "join_first_answer_s": join.decision_to_first_answer_s if join else None,
+                "bring_up": self._bring_ups.view(r.engine_id) if self._bring_ups is not None else None}
 
     async def engine_urls(self) -> dict[str, str]:
         """ACTIVE engines' URLs (what the autoscaler scrapes)."""

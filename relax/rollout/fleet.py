@@ -36,6 +36,7 @@ from typing import Any, Protocol
 from relax.engines.client import EngineClient, EngineError
 from relax.engines.keys import EngineKeys, engine_keys
 from relax.logs import failure_cause
+from relax.rollout.bringup import BringUpLog, Phase, stop_reason
 from relax.rollout.events import EventKind, EventLog
 from relax.rollout.eviction import Eviction, plan_evictions, plan_notice
 from relax.rollout.joins import JoinLog
@@ -151,6 +152,8 @@ class EngineFleet:
         self._drain_notices = drain_notices
         self.last_evictions: dict[str, dict[str, Any]] = {}  # per evicted engine: notice → gone, requests moved
         self.joins = JoinLog(time.time)  # per engine: decision → ACTIVE on the newest weights → first answer
+        self.bring_ups = BringUpLog(time.time)  # per engine: where the seconds from decision to ACTIVE went
+        self._deadlines: dict[str, tuple[float, float]] = {}  # per elastic engine: (monotonic deadline, timeout s)
         self._shutting_down = False
         # The external SGLang router that sees the routable set (rollout.router_mirror): it gains an engine when
         # Relax's router does and loses it when Relax's router does, so it never sends to an engine being given up.
@@ -197,6 +200,9 @@ class EngineFleet:
         server is only checked.
         """
         started_version = 0
+        launched: Mapping[str, Any] = {}
+        self.bring_ups.begin(engine_id, self.pool.get(engine_id).created_at)
+        self.bring_ups.enter(engine_id, Phase.START)
         try:
             if url is None:
                 assert slot is not None
@@ -207,7 +213,7 @@ class EngineFleet:
                 latest = self.weights.latest()
                 initial = ((latest.version, list(latest.bucket_refs))
                            if latest is not None and not latest.broadcast else None)
-                info = await self.launcher.start(engine_id, slot, initial)
+                info = launched = await self.launcher.start(engine_id, slot, initial)
                 url = str(info["url"])
                 started_version = int(info.get("weight_version") or 0)
                 self.pool.set_node_id(engine_id, info.get("node_id"))
@@ -215,6 +221,8 @@ class EngineFleet:
             if self.pool.get(engine_id).state is EngineState.PENDING:
                 self.pool.transition(engine_id, EngineState.STARTING)
             self.pool.transition(engine_id, EngineState.HEALTH_CHECKING)
+            self.bring_ups.enter(engine_id, Phase.FIRST_ANSWER)
+            self.bring_ups.split(engine_id, Phase.START, _start_parts(launched))
             client = self._client_factory(url, self.settings.request_timeout_s, self.engine_keys(engine_id))
             self._clients[engine_id] = client
             await client.health_generate(timeout=self.settings.health_timeout_s)
@@ -223,12 +231,22 @@ class EngineFleet:
             else:
                 self.pool.set_weight_version(engine_id, started_version)
             self.pool.transition(engine_id, EngineState.WEIGHT_SYNCING)
+            self.bring_ups.enter(engine_id, Phase.WEIGHT_SYNC)
             await self.weight_sync.sync_to_latest(engine_id)
             self._check_cancelled(engine_id)
             self.pool.transition(engine_id, EngineState.ACTIVE)
         except BaseException as exc:
             await self._cleanup_failed(engine_id, exc)
             raise
+        self._deadlines.pop(engine_id, None)
+        verify_s = (self.weight_sync.last_syncs.get(engine_id) or {}).get("verify_s") if hasattr(
+            self.weight_sync, "last_syncs") else None
+        bring_up = self.bring_ups.end(engine_id, "ACTIVE", splits={
+            Phase.WEIGHT_SYNC: {Phase.WEIGHT_SYNC: 0.0, Phase.VERIFY: verify_s}})
+        if bring_up is not None:
+            self.events.append(EventKind.ENGINE_STATE, f"{engine_id} brought up: {bring_up.summary()}",
+                               engine_ids=engine_id, details=bring_up.to_dict(bring_up.ended_at or 0.0))
+            log.info("%s brought up: %s", engine_id, bring_up.summary())
         self.router.add(engine_id)
         if self.sglang_router is not None:  # the router generates only: it gets the generation key, never the admin one
             self.sglang_router.add(engine_id, url, self.engine_keys(engine_id).generation)
@@ -282,6 +300,9 @@ class EngineFleet:
         The outcome is the engine's state in the pool; the scale executor decides what it means.
         """
         deadline = time.monotonic() + timeout_s
+        self._deadlines[engine_id] = (deadline, timeout_s)
+        self.bring_ups.begin(engine_id, self.pool.get(engine_id).created_at)
+        self.bring_ups.enter(engine_id, Phase.CAPACITY)
         slot = self.launcher.reserve(engine_id, self.settings.gpus_per_engine)
         self._slots[engine_id] = slot
         placed = asyncio.ensure_future(self.launcher.wait_placed(slot))
@@ -321,13 +342,21 @@ class EngineFleet:
     async def _cleanup_failed(self, engine_id: str, exc: BaseException) -> None:
         record = self.pool.get(engine_id)
         cancelled = engine_id in self._cancelled
-        reason = _describe_failure(exc, record.state)
+        bare = isinstance(exc, asyncio.CancelledError | asyncio.TimeoutError | TimeoutError) and not str(exc)
+        deadline = self._deadlines.pop(engine_id, None)
+        reason, failed = stop_reason("" if bare else failure_cause(exc), record.state.value,
+                                     shutting_down=self._shutting_down, deadline_s=deadline[1] if deadline else None,
+                                     past_deadline=deadline is not None and time.monotonic() >= deadline[0] - 0.05)
+        removed = cancelled or not failed
         if not record.state.terminal:
-            target = (EngineState.REMOVED if cancelled and record.state.can_transition_to(EngineState.REMOVED)
+            target = (EngineState.REMOVED if removed and record.state.can_transition_to(EngineState.REMOVED)
                       else EngineState.FAILED)
-            self.pool.transition(engine_id, target, error=None if cancelled else reason)
-        if not cancelled:
+            self.pool.transition(engine_id, target, error=None if removed else reason)
+        self.bring_ups.end(engine_id, reason if failed else f"REMOVED: {reason}")
+        if not removed:
             log.warning("%s failed to come up: %s", engine_id, reason)
+        else:
+            log.info("%s not brought up: %s", engine_id, reason)
         await self._release(engine_id, grace_s=5.0)
 
     # ------------------------------------------------------------------ weights
@@ -566,9 +595,11 @@ class EngineFleet:
         self.weight_sync.shutdown()
         if self.sglang_router is not None:  # the engines stop next: take them off the router first (bounded)
             await self.sglang_router.aclose(deregister=True, timeout_s=SGLANG_ROUTER_WAIT_S)
-        for task in [self._health_task, self._drain_task, *self._background]:
-            if task is not None:
-                task.cancel()
+        stopping = [task for task in [self._health_task, self._drain_task, *self._background] if task is not None]
+        for task in stopping:
+            task.cancel()
+        if stopping:  # a bring-up stopped here records why (the run's shutdown) and releases what it started
+            await asyncio.wait(stopping, timeout=self.settings.shutdown_timeout_s + 5.0)
         # each engine's own shutdown, together: SGLang's takes up to ~5 s (its SIGTERM watchdog looks every 5 s)
         await asyncio.gather(*(self._release(eid, grace_s=self.settings.shutdown_timeout_s)
                                for eid in self.launcher.engine_ids()), return_exceptions=True)
@@ -583,12 +614,13 @@ def _http_client(url: str, timeout: float, keys: EngineKeys = EngineKeys()) -> E
     return EngineClient(url, timeout=timeout, token=keys.generation, admin_token=keys.admin)
 
 
-def _describe_failure(exc: BaseException, state: EngineState) -> str:
-    """One operator-readable line (``failure_cause``: a Ray error's cause, not its coloured task name); a bare
-    timeout/cancellation says in which phase it struck."""
-    if isinstance(exc, asyncio.CancelledError | asyncio.TimeoutError | TimeoutError) and not str(exc):
-        return f"timed out while {state.value} (scale-out timeout reached)"
-    return failure_cause(exc)
+def _start_parts(info: Mapping[str, Any]) -> dict[Phase, float | None]:
+    """The launcher's ``start`` span split by the actor's own figures: server start = spawn → healthy, prepare =
+    the rest of the actor's ``start()``, actor = what is left (Ray starting the actor's process)."""
+    startup, healthy = info.get("startup_s"), info.get("healthy_after_s")
+    if not isinstance(startup, int | float) or not isinstance(healthy, int | float):
+        return {Phase.START: None}
+    return {Phase.ACTOR: 0.0, Phase.PREPARE: max(0.0, startup - healthy), Phase.SERVER_START: healthy}
 
 
 def _version_or_zero(value: str) -> int:

@@ -238,6 +238,9 @@ class RolloutManager:
     async def engines_view(self, model_name: str | None = None) -> dict[str, Any]:
         return await self.rollout.control.engines_view(model_name)
 
+    async def engine_view(self, engine_id: str) -> dict[str, Any]:
+        return await self.rollout.control.engine_view(engine_id)
+
     async def events(self, limit: int = 100, kind: str | None = None) -> dict[str, Any]:
         return await self.rollout.control.events(limit, kind)
 

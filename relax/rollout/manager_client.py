@@ -97,6 +97,9 @@ class ManagerClient:
     async def verify_engine(self, engine_id: str) -> dict[str, Any]:
         return await self._call("verify_engine", engine_id)
 
+    async def engine_view(self, engine_id: str) -> dict[str, Any]:
+        return await self._call("engine_view", engine_id)
+
     async def cancel_scale_out_batch(self, status_filter: list[str] | None = None,
                                      dry_run: bool = False) -> dict[str, Any]:
         return await self._call("cancel_scale_out_batch", status_filter, dry_run)

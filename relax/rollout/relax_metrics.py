@@ -17,7 +17,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from relax.rollout.pool import EngineState
@@ -111,6 +111,16 @@ class RelaxStatusCollector(Collector):
             if value is not None:
                 events.add_metric([str(kind)], value)
         yield events
+        phases = status.get("bring_up_phases")
+        if phases:
+            histogram = HistogramMetricFamily(
+                "relax_engine_bring_up_phase_seconds",
+                "Seconds each phase of an engine's bring-up took (capacity, actor, prepare, server_start, "
+                "first_answer, weight_sync, verify), over every engine brought up", labels=["phase"])
+            for phase, data in sorted(phases.items()):
+                buckets = [(str(float(le)) if le != "+Inf" else "+Inf", float(count)) for le, count in data["buckets"]]
+                histogram.add_metric([str(phase)], buckets, float(data["sum"]))
+            yield histogram
         checks = status.get("weight_verifications")
         if checks:
             verifications = CounterMetricFamily(

@@ -38,6 +38,8 @@ class RunStatus:
     last_verifications: Mapping[str, Any] = field(default_factory=dict)
     evictions: Mapping[str, Any] = field(default_factory=dict)
     joins: Mapping[str, Any] = field(default_factory=dict)
+    #: per bring-up phase, its histogram over every engine brought up (``rollout.bringup.PhaseHistogram``)
+    bring_up_phases: Mapping[str, Any] = field(default_factory=dict)
     sglang_router: Mapping[str, Any] | None = None
     # the newest join's and eviction's durations (absent until one happened)
     last_join_active_s: float | None = None

@@ -348,6 +348,7 @@ def test_engines_response_from_pool_records() -> None:
         "node_id": "n1",
         "join_active_s": None,  # the fleet's join measures; records alone do not have them
         "join_first_answer_s": None,
+        "bring_up": None,  # likewise the fleet's bring-up log
     }
     full = EnginesResponse.from_records(pool.records(), include_terminal=True)
     assert [e.status for e in full.models[DEFAULT_MODEL].engines] == ["ACTIVE", "PENDING", "FAILED"]

@@ -144,6 +144,27 @@ def test_the_engines_table_shows_each_engines_weights_digest_and_whether_a_check
     assert "DIGEST" in text
 
 
+def test_the_engines_table_shows_each_bring_up_phase_by_phase():
+    body = {"models": {"default": {"engines": [
+        {"engine_id": "engine_4", "status": "ACTIVE", "bring_up": {
+            "phases": {"capacity": 41.2, "actor": 1.0, "prepare": 0.01, "server_start": 19.4, "first_answer": 0.3,
+                       "weight_sync": 0.21, "verify": 0.08},
+            "current": None, "current_for_s": None, "total_s": 62.2, "outcome": "ACTIVE"}},
+        {"engine_id": "engine_5", "status": "HEALTH_CHECKING", "bring_up": {
+            "phases": {"capacity": 2.0, "actor": 0.9, "server_start": 18.0}, "current": "first_answer",
+            "current_for_s": 0.4, "total_s": 21.3, "outcome": None}}]}}}
+    console = Console(width=260, record=True)
+    console.print(client_cli.engines_table(body))
+    rows = {line.split()[1]: line for line in console.export_text().splitlines() if "engine_" in line}
+    assert "cap 41.2 · actor 1.0 · server 19.4 · answer 0.3 · sync 0.2 · verify 0.1 = 62.2s" in rows["engine_4"]
+    assert "prep" not in rows["engine_4"]  # a phase under 0.05 s is left out of the line (its figure stays in the API)
+    assert "cap 2.0 · actor 0.9 · server 18.0 · answer 0.4… " in rows["engine_5"]
+    assert client_cli.bring_up_text(None) == "-"
+    assert client_cli.bring_up_text({"phases": {"capacity": 300.0}, "total_s": 300.0,
+                                     "outcome": "not ACTIVE within the scale-out timeout (300 s)"}).startswith(
+        "cap 300.0 = 300.0s (not ACTIVE within the scale-out timeout")
+
+
 def test_verify_prints_one_line_per_check_and_fails_for_an_engine_that_still_differs(relax):
     code, out, err = relax("engines", "--verify", "engine_0")
     assert code == 0, err

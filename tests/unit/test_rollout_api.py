@@ -20,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from relax.rollout.api import create_app, status_of
 from relax.rollout.api_models import (
     CancelBatchResponse,
+    EngineDetailView,
     EnginesResponse,
     ScaleAccepted,
     ScaleInDryRun,
@@ -73,6 +74,21 @@ async def test_engines_lists_the_pool_in_design_shape(client):
     assert {e.status for e in engines} == {"ACTIVE"} and {e.kind for e in engines} == {"initial"}
     assert (view.total_engines, view.active_engines) == (2, 2)
     assert engines[0].url == "http://127.0.0.1:30000" and engines[0].weight_version == 0
+
+
+async def test_one_engine_live_or_gone_with_its_states(client, backend):
+    await _scale_out_to(client, backend, 3)
+    r = await client.get("/rollout/engines/engine_2")
+    assert r.status_code == 200, r.text
+    view = EngineDetailView.model_validate(r.json())
+    assert view.status == "ACTIVE" and view.kind == "elastic" and view.last_error is None
+    assert [t.status for t in view.transitions][-1] == "ACTIVE"
+    r = await client.post("/rollout/scale_in", json={"num_replicas": 2})
+    await backend.wait_idle()
+    gone = EngineDetailView.model_validate((await client.get("/rollout/engines/engine_2")).json())
+    assert gone.status == "REMOVED"  # hidden from GET /rollout/engines, still found by id
+    missing = await client.get("/rollout/engines/engine_99")
+    assert missing.status_code == 404 and "unknown engine id 'engine_99'" in missing.json()["detail"]
 
 
 @pytest.mark.parametrize(
