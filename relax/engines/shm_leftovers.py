@@ -9,6 +9,11 @@ engines would fill the node's RAM with them.
 Which files are a server's is read from the kernel, not guessed from names: the ``/dev/shm`` files its
 processes have open or mapped, the OpenMP registrations named by their pids, and names carrying a tag the
 launcher chose (the server's own NCCL port). The sweep runs after the whole process group is gone.
+
+A file is recognised by its inode as well as its name. glibc's ``sem_open`` (Python's multiprocessing locks,
+which SGLang's processes make) creates a temporary ``sem.XXXXXX``, maps it, hard-links it to its real name
+``sem.mp-…`` and unlinks the temporary one: ``/proc/<pid>/maps`` then names a file that no longer exists, and
+only the inode leads to the live name, which a SIGKILLed group leaves behind.
 """
 
 from __future__ import annotations
@@ -42,21 +47,32 @@ def group_pids(pgid: int, proc: Path = Path("/proc")) -> set[int]:
 
 
 def shm_held_by(pids: Iterable[int], proc: Path = Path("/proc"), shm: Path = SHM_DIR) -> set[str]:
-    """Names of the ``/dev/shm`` files that processes ``pids`` have open or mapped."""
+    """Names of the ``/dev/shm`` files that processes ``pids`` have open or mapped: by the name they were opened
+    with, and by inode (the live name of a file whose opening name was unlinked, as ``sem_open`` does)."""
     names: set[str] = set()
+    inodes: set[int] = set()
     prefix = str(shm) + "/"
     for pid in pids:
         with contextlib.suppress(OSError):
             for line in (proc / str(pid) / "maps").read_text().splitlines():
-                path = line.split(maxsplit=5)[-1] if line.count(" ") >= 5 else ""
+                fields = line.split(maxsplit=5)
+                path = fields[-1] if len(fields) == 6 else ""
                 if path.startswith(prefix):
                     names.add(path[len(prefix):].removesuffix(" (deleted)"))
+                    if fields[4].isdigit():
+                        inodes.add(int(fields[4]))
         with contextlib.suppress(OSError):
             for fd in (proc / str(pid) / "fd").iterdir():
                 with contextlib.suppress(OSError):
                     target = os.readlink(fd)
                     if target.startswith(prefix):
                         names.add(target[len(prefix):].removesuffix(" (deleted)"))
+                        inodes.add(os.stat(fd).st_ino)
+    if inodes:  # read now, while the group runs: an inode can only be reused once its last name is gone
+        for entry in shm.iterdir() if shm.is_dir() else ():
+            with contextlib.suppress(OSError):
+                if entry.stat(follow_symlinks=False).st_ino in inodes:
+                    names.add(entry.name)
     return names
 
 

@@ -4,6 +4,7 @@ keys and leftovers off the machine: the launch error's own error line, the /dev/
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 
 from relax.engines.keys import EngineKeys, authorized, engine_keys, is_admin_route
 from relax.engines.launcher import last_error_line
-from relax.engines.shm_leftovers import KMP_PREFIX, ShmLedger, group_pids
+from relax.engines.shm_leftovers import KMP_PREFIX, SHM_DIR, ShmLedger, group_pids
 from relax.weights.pause_mode import PauseMode
 
 GEN, ADMIN = "gen-key", "admin-key"
@@ -88,6 +89,33 @@ def test_the_ledger_removes_only_what_the_group_made(tmp_path: Path) -> None:
     assert sorted(ledger.sweep(shm)) == sorted([held.name, f"{KMP_PREFIX}{child.pid}_0",
                                                 "deepspeed_allreduce_buffer_0_127.0.0.1_4242_0"])
     assert sorted(p.name for p in shm.iterdir()) == sorted([f"{KMP_PREFIX}{os.getpid()}_0", "someone-elses"])
+
+
+def test_a_killed_groups_named_semaphore_is_swept_by_its_inode() -> None:
+    """The soak's leak: each SIGKILLed SGLang group left a ``sem.mp-*`` in /dev/shm. A multiprocessing lock made the
+    way SGLang's processes make theirs (spawn context: its name stays until the resource tracker unlinks it, and
+    the tracker dies with the group) maps ``sem.XXXXXX (deleted)``; only the inode leads to ``sem.mp-…``."""
+    before = {p.name for p in SHM_DIR.glob("sem.mp-*")}
+    code = ("import multiprocessing as mp, sys, time\n"
+            "if __name__ == '__main__':\n"
+            "    lock = mp.get_context('spawn').Lock()\n"
+            "    print('ready', flush=True)\n"
+            "    time.sleep(60)\n")
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == b"ready"
+        made = {p.name for p in SHM_DIR.glob("sem.mp-*")} - before
+        assert len(made) == 1  # the live name, which no maps line of the child names
+        maps = Path(f"/proc/{child.pid}/maps").read_text()
+        assert next(iter(made)) not in maps and "/dev/shm/sem." in maps
+        ledger = ShmLedger()
+        ledger.note(child.pid)
+    finally:
+        os.killpg(child.pid, signal.SIGKILL)  # the whole group, the resource tracker with it
+        child.wait()
+    assert {p.name for p in SHM_DIR.glob("sem.mp-*")} - before == made  # left behind, as in the soak
+    assert set(ledger.sweep()) >= made
+    assert {p.name for p in SHM_DIR.glob("sem.mp-*")} - before == set()
 
 
 def test_derived_keys_never_look_like_a_flag() -> None:
