@@ -51,7 +51,7 @@ def _cmd_engine_serve(args: argparse.Namespace) -> int:
         model_path=str(model), host=args.host, port=args.port, max_running_requests=args.max_running_requests,
         max_total_tokens=args.max_total_tokens, weight_version=args.weight_version, device=args.device,
         num_threads=args.num_threads, seed=args.seed, served_model_name=args.served_model_name,
-        log_level=args.log_level, model_impl=ModelImpl(args.model_impl),
+        log_level=args.log_level, model_impl=ModelImpl(args.model_impl), load_format=args.load_format,
         api_key=args.api_key or os.environ.get(ENGINE_API_KEY_ENV) or None, stream_interval=args.stream_interval,
         admin_api_key=args.admin_api_key or os.environ.get(ENGINE_ADMIN_API_KEY_ENV) or None,
         **({} if args.stream_stall_timeout is None else {"stream_stall_timeout": args.stream_stall_timeout}),
@@ -104,6 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--model-impl", default="auto", choices=MODEL_IMPL_CHOICES,
                        help="auto: the built-in decoder where it implements the architecture exactly (Qwen3, "
                             "Llama), else transformers; native: refuse other architectures; transformers: always")
+    serve.add_argument("--load-format", default="auto", choices=["auto", "dummy"],
+                       help="auto: the checkpoint's weights; dummy: random weights, no weight file read (SGLang's "
+                            "flag), for an engine whose first weight update overwrites every tensor")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.add_argument("--api-key", default=None,
                        help="SGLang's --api-key: control and generation routes need 'Authorization: Bearer KEY' "

@@ -27,6 +27,8 @@ from relax.logs import LOG_LEVELS
 from relax.weights.pause_mode import PauseMode
 
 PROG = "python -m relax.entrypoints.train"
+#: ``--joiner-weights``: what a joining engine loads before its first refit (rollout.fleet).
+JOINER_WEIGHTS = ("auto", "dummy", "checkpoint")
 SGLANG_PASSTHROUGH_PREFIX = "--sglang-"
 #: The SGLang interpreter when --sglang-python is not given (the flag wins).
 SGLANG_PYTHON_ENV = "RELAX_SGLANG_PYTHON"
@@ -155,6 +157,7 @@ class TrainArgs:
     weight_broadcast_timeout: float = 60.0
     update_weight_buffer_size: int = 512 * 2**20
     verify_weights: VerifyPolicy = VerifyPolicy.FIRST
+    joiner_weights: str = "auto"
     # Training
     global_batch_size: int | None = None
     max_tokens_per_gpu: int | None = None
@@ -446,6 +449,13 @@ def _add_rollout_flags(group: argparse._ArgumentGroup) -> None:
                             "SHA-256, /weights_checker) before it continues after a load: first (default: each "
                             "engine's first load, when it joins), every (every load; the check's time is in every "
                             "pause), or off. A mismatch reloads the version once, then fails the engine")
+    group.add_argument("--joiner-weights", choices=JOINER_WEIGHTS, default="auto",
+                       help="what an engine started after the trainer published by broadcast (scale-out, a "
+                            "replacement) loads before its first refit sends every tensor: dummy (random weights, "
+                            "no checkpoint read; routable only once that refit is verified, whatever "
+                            "--verify-weights says), checkpoint (the base checkpoint, read for nothing), or auto "
+                            "(default: dummy on the built-in engine, checkpoint on SGLang until its dummy start is "
+                            "verified against the real engine)")
 
 
 def _add_training_flags(group: argparse._ArgumentGroup) -> None:

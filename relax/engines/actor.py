@@ -37,6 +37,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -168,7 +169,8 @@ class EngineActor:
 
     # -- lifecycle --------------------------------------------------------------------------------
 
-    def start(self, initial_weights: tuple[int, list[Any]] | None = None) -> dict[str, Any]:
+    def start(self, initial_weights: tuple[int, list[Any]] | None = None,
+              dummy_weights: bool = False) -> dict[str, Any]:
         """Start the server and wait until it is healthy; returns ``{engine_id, url, node_id, pid, ...}``.
 
         ``initial_weights`` (version, bucket refs): the newest published version. The server then starts
@@ -176,6 +178,10 @@ class EngineActor:
         checkpoint and reloading the latest right after (two loads, and for a moment an engine serving
         version 0). Calling it again (even concurrently) returns the same info. On failure the server is
         stopped and a :class:`ServerLaunchError` quoting the server log is raised.
+
+        ``dummy_weights``: the server starts with random weights and reads no weight file (``--load-format
+        dummy``): a joining engine whose first refit sends every tensor, and which is routed only once that refit
+        is verified (``rollout.fleet``).
         """
         with self._start_lock:
             if self._info is not None:
@@ -190,6 +196,8 @@ class EngineActor:
                 logger.info("%s: %s", self.engine_id, self._prepared.summary)
             if initial_weights is not None:
                 self._prepare_start_from(*initial_weights)
+            elif dummy_weights and hasattr(self._prepared.options, "load_format"):
+                self._prepared.options = replace(self._prepared.options, load_format="dummy")
             server, healthy_after = self._launch_until_healthy(resolve_host(self.host))
             info = {
                 "engine_id": self.engine_id,
@@ -206,6 +214,7 @@ class EngineActor:
                 "model_path": self._serve_path,
                 "healthy_after_s": round(healthy_after, 3),
                 "platform": self._prepared.summary,
+                "load_format": getattr(self._prepared.options, "load_format", None) or "auto",
             }
             self._info = info
         logger.info("%s: ready url=%s node=%s pid=%s", self.engine_id, info["url"], info["node_id"], info["pid"])

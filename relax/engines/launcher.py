@@ -405,6 +405,8 @@ class BuiltinOptions:
     num_threads: int | None = None
     model_impl: str | None = None
     """``auto`` (the default), ``native`` or ``transformers``: see ``relax engine serve --help``."""
+    load_format: str | None = None
+    """``dummy``: random weights, no weight file read (a joining engine's first refit overwrites them)."""
     api_key: str | None = field(default=None, repr=False)
     """The engine's generation key (SGLang's ``--api-key``); passed in the environment, never in argv."""
     admin_api_key: str | None = field(default=None, repr=False)
@@ -420,6 +422,7 @@ def builtin_command(
     weight_version: int | str | None = None,
     num_threads: int | None = None,
     model_impl: str | None = None,
+    load_format: str | None = None,
 ) -> list[str]:
     """argv of the built-in engine, run with this interpreter so it sees the same packages."""
     argv = [sys.executable, "-m", "relax.cli", "engine", "serve"]
@@ -430,6 +433,7 @@ def builtin_command(
         ("--weight-version", weight_version),
         ("--num-threads", num_threads),
         ("--model-impl", model_impl),
+        ("--load-format", load_format),
     )
     for flag, value in optional:
         if value is not None:
@@ -471,6 +475,7 @@ def builtin_spec(
         weight_version=weight_version,
         num_threads=options.num_threads,
         model_impl=options.model_impl,
+        load_format=options.load_format,
     )
     inherited = os.environ.get("PYTHONPATH", "")
     merged_env = {

@@ -102,6 +102,8 @@ class SGLangOptions:
     python: str | None = None  # interpreter with sglang installed; default: this one
     max_running_requests: int | None = None
     random_seed: int | None = None
+    #: ``dummy``: SGLang's ``--load-format dummy`` (random weights, no checkpoint read) for a joining engine.
+    load_format: str | None = None
     #: On a node without CUDA: how many engines share its cores (each binds its threads to its own share).
     cpu_engines_per_node: int = 1
 
@@ -230,6 +232,7 @@ def sglang_command(
     max_running_requests: int | None = None,
     random_seed: int | None = None,
     python: str | None = None,
+    load_format: str | None = None,
 ) -> list[str]:
     """argv that starts one SGLang server.
 
@@ -271,6 +274,8 @@ def sglang_command(
         argv += ["--max-running-requests", str(max_running_requests)]
     if random_seed is not None:
         argv += ["--random-seed", str(random_seed)]
+    if load_format is not None and "--load-format" not in extra:
+        argv += ["--load-format", str(load_format)]
     if trust_remote_code and "--trust-remote-code" not in extra:
         argv.append("--trust-remote-code")
     if config_path:
@@ -319,6 +324,7 @@ def sglang_spec(
         max_running_requests=options.max_running_requests,
         random_seed=options.random_seed,
         python=options.python,
+        load_format=options.load_format,
     )
     merged_env = {"PYTHONUNBUFFERED": "1", **(env or {})}
     return LaunchSpec(

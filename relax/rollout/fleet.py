@@ -102,6 +102,8 @@ class FleetWeights(Protocol):
 
     async def sync_to_latest(self, engine_id: str) -> None: ...
 
+    def require_verified(self, engine_id: str) -> None: ...
+
     async def verify(self, engine_id: str) -> Verification: ...
 
     async def settle(self) -> None: ...
@@ -213,9 +215,16 @@ class EngineFleet:
                 latest = self.weights.latest()
                 initial = ((latest.version, list(latest.bucket_refs))
                            if latest is not None and not latest.broadcast else None)
-                info = launched = await self.launcher.start(engine_id, slot, initial)
+                # A broadcast version reaches a new engine only by its join's refit, which sends every tensor: the
+                # checkpoint it would load first is read for nothing (GBs from network storage on a GPU node).
+                dummy = self.settings.dummy_joins and latest is not None and latest.broadcast
+                if dummy:
+                    self.weight_sync.require_verified(engine_id)  # random weights must never serve
+                    info = launched = await self.launcher.start(engine_id, slot, initial, dummy_weights=True)
+                else:
+                    info = launched = await self.launcher.start(engine_id, slot, initial)
                 url = str(info["url"])
-                started_version = int(info.get("weight_version") or 0)
+                started_version = None if dummy else int(info.get("weight_version") or 0)
                 self.pool.set_node_id(engine_id, info.get("node_id"))
             self.pool.set_url(engine_id, url)
             if self.pool.get(engine_id).state is EngineState.PENDING:

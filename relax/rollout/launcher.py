@@ -51,12 +51,14 @@ class EngineLauncher(Protocol):
         ...
 
     async def start(
-        self, engine_id: str, slot: EngineSlot, initial_weights: tuple[int, list[Any]] | None = None
+        self, engine_id: str, slot: EngineSlot, initial_weights: tuple[int, list[Any]] | None = None, *,
+        dummy_weights: bool = False,
     ) -> Mapping[str, Any]:
         """Start the engine's server in ``slot`` and wait until it answers; ``{"url", "node_id", ...}``.
 
         ``initial_weights`` (version, bucket refs): start the server from that version, not the base
-        checkpoint; the answer's ``weight_version`` says what it serves.
+        checkpoint; the answer's ``weight_version`` says what it serves. ``dummy_weights``: start it with random
+        weights, reading no weight file (its first refit overwrites them).
         """
         ...
 
@@ -118,7 +120,8 @@ class RayEngineLauncher:
         await slot.placement_group.ready()
 
     async def start(
-        self, engine_id: str, slot: EngineSlot, initial_weights: tuple[int, list[Any]] | None = None
+        self, engine_id: str, slot: EngineSlot, initial_weights: tuple[int, list[Any]] | None = None, *,
+        dummy_weights: bool = False,
     ) -> Mapping[str, Any]:
         import ray
 
@@ -142,7 +145,7 @@ class RayEngineLauncher:
             )
             self._actors[engine_id] = actor
             try:
-                return await actor.start.remote(initial_weights)
+                return await actor.start.remote(initial_weights, dummy_weights)
             except ray.exceptions.RayActorError as exc:
                 # The actor's *process* died (a node under pressure, a library that failed to load): worth
                 # one more try in the same bundle. A server that fails to start is not (ServerLaunchError).

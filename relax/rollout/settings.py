@@ -109,6 +109,9 @@ class FleetSettings:
     weight_sync_pause_mode: PauseMode = PauseMode.RETRACT
     #: After which loads an engine's served weights are checked against the publication (``rollout.refit``).
     verify_weights: VerifyPolicy = VerifyPolicy.FIRST
+    #: An engine started after a broadcast publication starts with random weights (no checkpoint read) and is
+    #: routed only once its first refit is verified (``--joiner-weights``).
+    dummy_joins: bool = False
     #: The run's engine secret: each engine the run starts has its own generation and admin keys derived from it
     #: (relax.engines.keys.engine_keys); never logged.
     engine_api_key: str | None = field(default=None, repr=False)
@@ -204,6 +207,7 @@ def rollout_settings(args: TrainArgs, plan: Plan, facts: RunFacts) -> RolloutSet
         model_path=str(Path(a.hf_checkpoint).resolve()), gpus_per_engine=a.rollout_num_gpus_per_engine,
         drain_timeout_s=a.scale_in_drain_timeout, shutdown_timeout_s=a.scale_in_shutdown_timeout,
         weight_sync_pause_mode=a.weight_sync_pause_mode, verify_weights=a.verify_weights,
+        dummy_joins=a.joiner_weights == "dummy" or (a.joiner_weights == "auto" and facts.backend == "builtin"),
         engine_api_key=facts.engine_api_key, engine_generation_key=facts.engine_generation_key,
         external_engine_api_key=facts.external_engine_api_key,
         broadcast=BroadcastSettings(backend=facts.broadcast_backend, timeout_s=a.weight_broadcast_timeout),

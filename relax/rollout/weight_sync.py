@@ -111,6 +111,10 @@ async def check_served_weights(engine_id: str, version: int, client: Any,
                         version_digest(served), tuple(bad), time.monotonic() - began, attempt)
 
 
+class UnverifiedWeights(RuntimeError):
+    """An engine that must be shown to serve the publication (it started with random weights) could not be."""
+
+
 class WeightSync:
     """Published versions → engines, through the transports; the rules above, in one place."""
 
@@ -144,6 +148,7 @@ class WeightSync:
         self._on_verification = on_verification
         self._verify_timeout_s = verify_timeout_s
         self._verified: set[str] = set()  # engines one of whose loads passed a check
+        self._must_verify: set[str] = set()  # engines started with random weights, not yet verified
         # per (version, hash): the publication's checksums; per engine: how it hashes
         self._expected: dict[tuple[int, ChecksumAlgorithm], asyncio.Task[dict[str, str]]] = {}
         self._algorithms: dict[str, ChecksumAlgorithm] = {}
@@ -214,15 +219,34 @@ class WeightSync:
                     raise WeightConflict(f"{engine_id} holds weights v{latest.version} with digest "
                                          f"{(record.weight_digest or '')[:12]}, but v{latest.version} was published "
                                          f"with digest {(known or '')[:12]}")
+                must = engine_id in self._must_verify
                 check = (self._check(engine_id, latest)
-                         if should_verify(self.verify_policy, verified_before=engine_id in self._verified) else None)
+                         if must or should_verify(self.verify_policy, verified_before=engine_id in self._verified)
+                         else None)
                 try:
                     timings = await self._send(engine_id, latest, check)
                 except VersionSuperseded as superseded:
                     log.info("%s: %s; moving on to the newest", engine_id, superseded)
                     await self._newer_than(latest.version)
                     continue
+                if must:
+                    self._must_be_verified(engine_id, latest.version, timings)
                 self._loaded(engine_id, latest, timings)
+
+    def require_verified(self, engine_id: str) -> None:
+        """The engine started with random weights (``--joiner-weights dummy``): its first load is checked whatever
+        ``--verify-weights`` says, and one that cannot be shown to serve the publication fails it."""
+        self._must_verify.add(engine_id)
+
+    def _must_be_verified(self, engine_id: str, version: int, timings: Mapping[str, Any]) -> None:
+        checks = list(timings.get("verifications") or ())
+        last = checks[-1] if checks else None
+        if last is None or last.result is not VerifyResult.VERIFIED:
+            why = "no check was made" if last is None else f"{last.result.value}: {last.detail or last.describe()}"
+            raise UnverifiedWeights(f"{engine_id} started with random weights (--joiner-weights dummy) and its "
+                                    f"first refit to v{version} could not be verified ({why}); it never serves "
+                                    "(--joiner-weights checkpoint starts from the checkpoint instead)")
+        self._must_verify.discard(engine_id)
 
     async def verify(self, engine_id: str) -> Verification:
         """Check an engine's served weights against the version it holds, now (paused for the check); a mismatch
@@ -369,6 +393,7 @@ class WeightSync:
             await transport.forget(engine_id, client)
         self._locks.pop(engine_id, None)
         self._verified.discard(engine_id)
+        self._must_verify.discard(engine_id)
         self._algorithms.pop(engine_id, None)
         idle = self._idle.pop(engine_id, None)
         if idle is not None:

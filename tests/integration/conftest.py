@@ -34,14 +34,15 @@ def start_engine(tmp_path_factory: pytest.TempPathFactory):
     started: list[ServerProcess] = []
 
     def start(model_dir, *, max_running_requests: int | None = None, max_total_tokens: int | None = None,
-              weight_version: str | None = None, env: dict[str, str] | None = None) -> ServerProcess:
+              weight_version: str | None = None, env: dict[str, str] | None = None,
+              load_format: str | None = None) -> ServerProcess:
         logs = tmp_path_factory.mktemp("engine-logs")
         for attempt in range(3):  # the port can be taken between choosing it and the server binding it
             spec = builtin_spec(
                 str(model_dir), "127.0.0.1", free_port(), str(logs / f"engine-{attempt}.log"),
                 weight_version=weight_version, env=env,
                 options=BuiltinOptions(max_running_requests=max_running_requests, max_total_tokens=max_total_tokens,
-                                       num_threads=1),
+                                       num_threads=1, load_format=load_format),
                 name=f"test-engine-{len(started)}",
             )
             proc = ServerProcess(spec)

@@ -19,12 +19,12 @@ from typing import Any
 import pytest
 
 from relax.config.verify_weights import VerifyPolicy
-from relax.engines.client import EngineClient
+from relax.engines.client import EngineClient, WeightsUncheckable
 from relax.rollout.assembly import build_fleet
 from relax.rollout.broadcast import ThreadWeightSource
 from relax.rollout.events import EventLog, transition_recorder
 from relax.rollout.fleet import EngineFleet
-from relax.rollout.pool import EnginePool, EngineState
+from relax.rollout.pool import EngineKind, EnginePool, EngineState
 from relax.rollout.refit import VerifyResult
 from relax.rollout.router import Router
 from relax.rollout.settings import FleetSettings
@@ -178,3 +178,101 @@ async def test_an_engine_whose_loads_leave_other_weights_is_failed_and_replaced_
         assert (replacement.weight_version, replacement.weights_verified) == (1, True)
         assert fleet.pool.get("engine_0").weights_verified and fleet.pool.get("engine_1").weight_version == 0
         assert sorted(fleet.router.routable()) == ["engine_0", "engine_2"]
+
+
+class JoinLauncher(ProcessLauncher):
+    """Starts an engine the way the Ray launcher does when told ``dummy_weights``: ``--load-format dummy``, from a
+    model directory whose weight file is garbage (``joiner_dir``): a start that read it would fail."""
+
+    def __init__(self, start_engine: Any, model_dir: str, joiner_dir: str) -> None:
+        super().__init__(start_engine, model_dir)
+        self.joiner_dir = joiner_dir
+        self.dummy: dict[str, bool] = {}
+
+    async def start(self, engine_id: str, slot: Any, initial_weights: Any = None, *,
+                    dummy_weights: bool = False) -> dict[str, Any]:
+        self.dummy[engine_id] = dummy_weights
+        if not dummy_weights:
+            return await super().start(engine_id, slot, initial_weights)
+        proc = await asyncio.to_thread(self._start_engine, self.joiner_dir, load_format="dummy")
+        self.procs[engine_id] = proc
+        return {"url": proc.url, "node_id": "local"}
+
+
+class UncheckableClient(WatchedClient):
+    async def weights_checksums(self, **kwargs: Any) -> dict[str, str]:
+        raise WeightsUncheckable("this engine cannot report its weights", url=self.base_url,
+                                 endpoint="/weights_checker")
+
+
+@contextlib.asynccontextmanager
+async def joining_fleet(start_engine, model_dir: str, joiner_dir: str, policy: VerifyPolicy,
+                        client: type[WatchedClient] = WatchedClient) -> AsyncIterator[tuple[Running, JoinLauncher]]:
+    """One initial engine, --joiner-weights dummy, a version published by broadcast before anyone joins."""
+    weights, events = WeightRegistry(), EventLog()
+    pool = EnginePool(time.time, on_transition=transition_recorder(events, lambda: weights.latest_version))
+    launcher = JoinLauncher(start_engine, model_dir, joiner_dir)
+    fleet = build_fleet(pool, Router(), events, weights, launcher,
+                        FleetSettings(model_path=model_dir, request_timeout_s=60, health_timeout_s=60,
+                                      drain_timeout_s=30, shutdown_timeout_s=5, verify_weights=policy,
+                                      dummy_joins=True),
+                        client_factory=lambda url, timeout, keys: client(url, timeout=timeout, token=keys))
+    sender = WeightSender("127.0.0.1", keep=2)
+    try:
+        await fleet.start_initial([("pg", 0)])
+        yield Running(fleet, events, sender, ThreadWeightSource(sender)), launcher
+    finally:
+        await fleet.shutdown()
+        sender.shutdown()
+    assert launcher.procs == {}
+
+
+@pytest.fixture
+def joiner_dir(tiny_preset, tmp_path) -> str:
+    """The tiny model's directory with its weight file replaced by garbage: only config and tokenizer are good."""
+    import shutil
+
+    target = tmp_path / "joiner-model"
+    shutil.copytree(tiny_preset.model_dir, target)
+    (target / "model.safetensors").write_bytes(b"not a safetensors file" * 64)
+    return str(target)
+
+
+async def test_a_joiner_reads_no_checkpoint_and_serves_only_after_its_verified_refit(
+        start_engine, tiny_preset, perturbed, joiner_dir, logprob_tol) -> None:
+    _, state = perturbed
+    async with joining_fleet(start_engine, str(tiny_preset.model_dir), joiner_dir, VerifyPolicy.OFF) as (run, launcher):
+        fleet = run.fleet
+        fleet.weight_sync.publish(1, [], run.sender.hold(1, state), source=run.source)
+        await fleet.weight_sync.settle()
+        joiner = fleet.pool.add(EngineKind.ELASTIC).engine_id
+        await fleet.bring_up_elastic(joiner, timeout_s=120, cancelled=lambda: False)
+        record = fleet.pool.get(joiner)
+        assert launcher.dummy == {"engine_0": False, joiner: True}  # the initial engine served version 0
+        assert record.state is EngineState.ACTIVE, record.last_error
+        # checked although --verify-weights off: random weights are never routed unverified
+        assert (record.weight_version, record.weights_verified) == (1, True)
+        assert record.weight_digest == version_digest(layout_checksums(state, "hf"))
+        tokens, logprobs = await greedy(fleet.client(joiner))
+        reference = await greedy(fleet.client("engine_0"))
+        assert tokens == reference[0]
+        assert max(abs(a - b) for a, b in zip(logprobs, reference[1], strict=True)) < logprob_tol
+        phases = fleet.bring_ups.view(joiner)["phases"]
+        assert {"capacity", "first_answer", "weight_sync", "verify"} <= set(phases)
+
+
+async def test_a_joiner_whose_refit_cannot_be_verified_is_failed_and_never_routed(
+        start_engine, tiny_preset, perturbed, joiner_dir) -> None:
+    _, state = perturbed
+    async with joining_fleet(start_engine, str(tiny_preset.model_dir), joiner_dir, VerifyPolicy.OFF,
+                             UncheckableClient) as (run, _):
+        fleet = run.fleet
+        fleet.weight_sync.publish(1, [], run.sender.hold(1, state), source=run.source)
+        await fleet.weight_sync.settle()
+        joiner = fleet.pool.add(EngineKind.ELASTIC).engine_id
+        await fleet.bring_up_elastic(joiner, timeout_s=120, cancelled=lambda: False)
+        record = fleet.pool.get(joiner)
+        assert record.state is EngineState.FAILED
+        assert "started with random weights (--joiner-weights dummy)" in (record.last_error or "")
+        assert "could not be verified (uncheckable" in (record.last_error or "")
+        assert fleet.router.routable() == ["engine_0"]

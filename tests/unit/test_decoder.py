@@ -231,3 +231,23 @@ def test_parameter_shapes_are_the_built_models_without_building_it(tiny_preset) 
     model = DecoderForCausalLM(native_config(raw))
     assert parameter_shapes(raw) == {k: tuple(v.shape) for k, v in model.state_dict().items()}
     assert parameter_shapes({**raw, "model_type": "gemma"}) is None  # not served natively: transformers decides
+
+
+@pytest.mark.parametrize("impl", [ModelImpl.AUTO, ModelImpl.TRANSFORMERS])
+def test_a_dummy_load_reads_no_weight_file_and_builds_the_same_parameters(tiny_preset, tmp_path: Path,
+                                                                          impl: ModelImpl) -> None:
+    """--load-format dummy (a joining engine): config.json alone, random weights; the weight file is never opened
+    (here it is garbage, which a real load refuses)."""
+    import shutil
+
+    model_dir = tmp_path / "model"
+    shutil.copytree(tiny_preset.model_dir, model_dir)
+    (model_dir / "model.safetensors").write_bytes(b"garbage" * 100)
+    with pytest.raises(Exception):  # noqa: B017 - whichever error the reader gives: the file is read
+        load_model(model_dir, CPU, impl)
+    dummy = load_model(model_dir, CPU, impl, dummy=True)
+    real = load_model(tiny_preset.model_dir, CPU, impl)
+    shapes = {name: tuple(p.shape) for name, p in real.named_parameters()}
+    assert {name: tuple(p.shape) for name, p in dummy.named_parameters()} == shapes
+    assert type(dummy) is type(real)
+    assert not all(torch.equal(a, b) for a, b in zip(dummy.parameters(), real.parameters(), strict=True))

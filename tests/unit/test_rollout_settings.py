@@ -61,3 +61,20 @@ def test_the_run_secrets_are_carried_but_never_shown(tmp_path: Path) -> None:
             s.fleet.sglang_router_api_key) == ("run-secret", "user-key", "ops-key", "router-key")
     shown = repr(s) + repr(FACTS)
     assert not any(secret in shown for secret in ("run-secret", "user-key", "ops-key", "router-key"))
+
+
+def test_joining_engines_start_with_dummy_weights_where_that_is_verified(tmp_path: Path) -> None:
+    """--joiner-weights auto: dummy on the built-in engine (tested end to end), the checkpoint on SGLang (its dummy
+    start is not yet verified against the real engine); explicit choices win on either."""
+    import dataclasses
+
+    yaml = tmp_path / "autoscaler.yaml"
+    yaml.write_text("enabled: true\nmin_engines: 4\nmax_engines: 8\n")
+
+    def dummy(backend: str, *extra: str) -> bool:
+        args = parse_args([*recipe_qwen3_4b_args(str(yaml)), *extra])
+        facts = dataclasses.replace(FACTS, backend=backend)
+        return rollout_settings(args, plan_from_args(args, env={}), facts).fleet.dummy_joins
+
+    assert (dummy("builtin"), dummy("sglang")) == (True, False)
+    assert dummy("sglang", "--joiner-weights", "dummy") and not dummy("builtin", "--joiner-weights", "checkpoint")

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import torch
 import torch.nn.functional as F
 
-from relax.engines.builtin.decoder import KVCache, load_decoder, native_config, not_native
+from relax.engines.builtin.decoder import DecoderForCausalLM, KVCache, load_decoder, native_config, not_native
 from relax.engines.builtin.model_impl import ModelImpl, ModelImplError
 
 log = logging.getLogger(__name__)
@@ -43,12 +43,15 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def load_model(model_path: str | Path, device: torch.device, impl: ModelImpl = ModelImpl.AUTO) -> torch.nn.Module:
+def load_model(model_path: str | Path, device: torch.device, impl: ModelImpl = ModelImpl.AUTO, *,
+               dummy: bool = False) -> torch.nn.Module:
     """The checkpoint in fp32 on ``device``: natively where ``decoder`` implements its architecture exactly
     (Qwen3, Llama), else through transformers (any other architecture, at a few CPU-seconds more start-up).
 
+    ``dummy``: the model built from ``config.json`` alone with random weights, no weight file read (SGLang's
+    ``--load-format dummy``): for an engine whose first refit overwrites every tensor anyway.
     Loaded on a thread of its own that ends with the load (``_on_a_passing_thread``)."""
-    return _on_a_passing_thread(lambda: _load_model(Path(model_path), device, impl))
+    return _on_a_passing_thread(lambda: _load_model(Path(model_path), device, impl, dummy))
 
 
 def _on_a_passing_thread(fn: Callable[[], _T]) -> _T:
@@ -78,13 +81,31 @@ def _on_a_passing_thread(fn: Callable[[], _T]) -> _T:
     return outcome["value"]
 
 
-def _load_model(model_dir: Path, device: torch.device, impl: ModelImpl) -> torch.nn.Module:
+def _load_model(model_dir: Path, device: torch.device, impl: ModelImpl, dummy: bool = False) -> torch.nn.Module:
+    if dummy:
+        return _dummy_model(model_dir, impl).to(device).eval()
     model = None if impl is ModelImpl.TRANSFORMERS else _load_native(model_dir, impl)
     if model is None:
         from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
     return model.to(device).eval()
+
+
+def _dummy_model(model_dir: Path, impl: ModelImpl) -> torch.nn.Module:
+    """The model ``config.json`` describes, randomly initialised: the native decoder where it implements the
+    architecture (as for a real load), else transformers' model from the config."""
+    raw = json.loads((model_dir / "config.json").read_text())
+    config = None if impl is ModelImpl.TRANSFORMERS else native_config(raw)
+    if config is not None:
+        generation = model_dir / "generation_config.json"
+        return DecoderForCausalLM(config, json.loads(generation.read_text()) if generation.is_file() else None)
+    if impl is ModelImpl.NATIVE:
+        raise ModelImplError(f"--model-impl native cannot serve {model_dir}: {not_native(raw)}; "
+                             "use --model-impl auto or transformers")
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(model_dir)), dtype=torch.float32)
 
 
 def _load_native(model_dir: Path, impl: ModelImpl) -> torch.nn.Module | None:

@@ -80,6 +80,9 @@ class ServerArgs:
     served_model_name: str | None = None
     log_level: str = "info"
     model_impl: ModelImpl = ModelImpl.AUTO
+    load_format: str = "auto"
+    """``auto``: the checkpoint's weights; ``dummy``: random weights, no weight file read (SGLang's flag), for an
+    engine whose first refit overwrites them; its ``weight_version`` is then meaningless until that refit."""
     api_key: str | None = field(default=None, repr=False)
     """SGLang's ``--api-key``: every route but ``/health*`` and ``/metrics`` needs ``Bearer <key>``."""
     admin_api_key: str | None = field(default=None, repr=False)
@@ -145,7 +148,7 @@ class BuiltinServer:
         self.device = resolve_device(args.device)
         self.model_impl = ModelImpl(args.model_impl)
         # the model first: a checkpoint that --model-impl refuses costs no tokenizer load
-        model = load_model(model_dir, self.device, self.model_impl)
+        model = load_model(model_dir, self.device, self.model_impl, dummy=args.load_format == "dummy")
         self.served_by = ModelImpl.NATIVE if isinstance(model, DecoderForCausalLM) else ModelImpl.TRANSFORMERS
         self.tokenizer = load_tokenizer(model_dir, prefer_file=self.model_impl is not ModelImpl.TRANSFORMERS)
         self.config = model.config
