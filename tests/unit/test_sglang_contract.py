@@ -68,6 +68,7 @@ ALL_OPTIONS: dict[str, Any] = {
     "max_running_requests": 64,
     "random_seed": 1,
     "python": "/opt/sglang/bin/python",
+    "load_format": "dummy",
 }
 
 
