@@ -92,6 +92,7 @@ class Rollout:
 
     async def aclose(self) -> None:
         """Stop generation, every scale request, every engine and background task."""
+        self.fleet.begin_shutdown()  # first: a bring-up the executor's cancel stops is the shutdown's, not a failure
         await self.loop.aclose()
         await self.executor.aclose()
         await self.fleet.shutdown()

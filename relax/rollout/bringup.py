@@ -93,7 +93,8 @@ class PhaseHistogram:
 
 
 class BringUpLog:
-    """Every engine's bring-up, newest last; finished phases also go into one histogram per phase."""
+    """Every engine's bring-up, newest last; the phases of those that became ACTIVE also go into one histogram per
+    phase."""
 
     def __init__(self, clock: Callable[[], float], keep: int = 256) -> None:
         self._clock = clock
@@ -111,13 +112,15 @@ class BringUpLog:
         return record
 
     def enter(self, engine_id: str, phase: Phase) -> None:
-        """The engine moves on to ``phase``: the current one ends now."""
+        """The engine moves on to ``phase``: the current one ends now (the first phase starts at the decision)."""
         record = self._bring_ups.get(engine_id)
         if record is None or record.ended_at is not None:
             return
         now = self._clock()
         self._close(record, now)
-        record.current, record.current_since = phase, now
+        # the first phase runs from the decision: the wait to be picked up (a scale request queued) counts in it
+        first = record.current is None and not record.phases
+        record.current, record.current_since = phase, record.decided_at if first else now
 
     def split(self, engine_id: str, phase: Phase, parts: Mapping[Phase, float | None]) -> None:
         """Replace the finished ``phase`` by ``parts`` (the actor's own figures, or the sync's), scaled to add up
@@ -153,8 +156,9 @@ class BringUpLog:
         for phase, parts in (splits or {}).items():
             self.split(engine_id, phase, parts)
         record.ended_at, record.outcome = now, outcome
-        for phase, seconds in record.phases.items():
-            self.histogram.observe(phase, seconds)
+        if outcome == "ACTIVE":  # the histogram describes bring-ups that made it; a stopped one is in its record
+            for phase, seconds in record.phases.items():
+                self.histogram.observe(phase, seconds)
         return record
 
     def get(self, engine_id: str) -> BringUp | None:

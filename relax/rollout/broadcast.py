@@ -195,8 +195,14 @@ async def send_version(engine_id: str, client: Any, group: EngineGroup, version:
         return sent
 
     try:
-        async with client.paused(pause_mode, timeout=timeout_s) as window:
-            sent, checks = await load_verified(load, check, loaded=verify_only)
+        try:
+            async with client.paused(pause_mode, timeout=timeout_s) as window:
+                sent, checks = await load_verified(load, check, loaded=verify_only)
+        except VersionSuperseded:
+            # its check was overtaken by a newer publication: the version loaded whole (the trainer's own weights),
+            # so the engine goes on; the sync moves on to the newest version and checks that one
+            await asyncio.wait_for(client.continue_generation(), timeout_s)
+            raise
     finally:
         await _quietly(asyncio.wait_for(group.source.release(version), timeout_s))  # else its lease lapses
     transfer_s = transfers[0] if transfers else 0.0
@@ -271,7 +277,7 @@ class BroadcastTransport:
             return await send_version(engine_id, client, group, latest.version, latest.manifest, self.pause_mode,
                                       self.settings.timeout_s, check, verify_only=verify_only)
         except VersionSuperseded:
-            raise  # nothing was sent: the engine and its group are as they were
+            raise  # the version was dropped (before its send, or during its check): the engine keeps its group
         except BaseException:
             self._groups.pop(engine_id, None)
             await close_group(group, None)  # the trainer's side; the engine is failed by the caller

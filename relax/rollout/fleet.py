@@ -312,10 +312,11 @@ class EngineFleet:
         self._deadlines[engine_id] = (deadline, timeout_s)
         self.bring_ups.begin(engine_id, self.pool.get(engine_id).created_at)
         self.bring_ups.enter(engine_id, Phase.CAPACITY)
-        slot = self.launcher.reserve(engine_id, self.settings.gpus_per_engine)
-        self._slots[engine_id] = slot
-        placed = asyncio.ensure_future(self.launcher.wait_placed(slot))
+        placed: asyncio.Future[None] | None = None
         try:
+            slot = self.launcher.reserve(engine_id, self.settings.gpus_per_engine)
+            self._slots[engine_id] = slot
+            placed = asyncio.ensure_future(self.launcher.wait_placed(slot))
             while not placed.done():  # wait for capacity, honouring cancel and the request's deadline
                 if cancelled() or engine_id in self._cancelled:
                     raise asyncio.CancelledError("cancelled while its placement group was pending")
@@ -328,7 +329,8 @@ class EngineFleet:
             placed.result()
             log.info("%s: placement group ready", engine_id)
         except BaseException as exc:
-            placed.cancel()
+            if placed is not None:
+                placed.cancel()
             await self._cleanup_failed(engine_id, exc)
             return
         with contextlib.suppress(BaseException):  # the failure is recorded on the engine
@@ -336,6 +338,7 @@ class EngineFleet:
 
     async def attach_external(self, engine_id: str, url: str, *, timeout_s: float) -> None:
         """Check a running server and join it; never raises (the outcome is the engine's state)."""
+        self._deadlines[engine_id] = (time.monotonic() + max(1.0, timeout_s), max(1.0, timeout_s))
         with contextlib.suppress(BaseException):
             await asyncio.wait_for(self.bring_up(engine_id, None, url=url), timeout=max(1.0, timeout_s))
 
@@ -597,6 +600,10 @@ class EngineFleet:
         task = asyncio.create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+    def begin_shutdown(self) -> None:
+        """The run is ending: from now on a bring-up that stops was stopped by it (REMOVED, not FAILED)."""
+        self._shutting_down = True
 
     async def shutdown(self) -> None:
         """Stop every engine (process, client, owned placement group) and every background task."""

@@ -116,7 +116,7 @@ class RelaxStatusCollector(Collector):
             histogram = HistogramMetricFamily(
                 "relax_engine_bring_up_phase_seconds",
                 "Seconds each phase of an engine's bring-up took (capacity, actor, prepare, server_start, "
-                "first_answer, weight_sync, verify), over every engine brought up", labels=["phase"])
+                "first_answer, weight_sync, verify), over the engines that became ACTIVE", labels=["phase"])
             for phase, data in sorted(phases.items()):
                 buckets = [(str(float(le)) if le != "+Inf" else "+Inf", float(count)) for le, count in data["buckets"]]
                 histogram.add_metric([str(phase)], buckets, float(data["sum"]))

@@ -65,13 +65,6 @@ def engines_behind(active: Iterable[EngineRecord], latest_version: int | None) -
     return [r.engine_id for r in active if (r.weight_version or 0) < latest_version]
 
 
-def _cancel_requested() -> bool:
-    """Whether the running task was asked to stop, as opposed to a task it awaited having been cancelled."""
-    task = asyncio.current_task()
-    cancelling = getattr(task, "cancelling", None)  # Python >= 3.11
-    return bool(cancelling()) if cancelling is not None else False
-
-
 async def check_served_weights(engine_id: str, version: int, client: Any,
                                expected: Callable[[], Awaitable[Mapping[str, str]]], *, attempt: int = 0,
                                timeout_s: float = VERIFY_TIMEOUT_S) -> Verification:
@@ -82,8 +75,11 @@ async def check_served_weights(engine_id: str, version: int, client: Any,
     """
     began = time.monotonic()
     served_call = asyncio.ensure_future(client.weights_checksums(timeout=timeout_s))
+    # The publication's checksums are fetched once per version for every engine checked against it: shielded, so
+    # one check that is cancelled (its engine's deadline, the run's shutdown) never cancels the others' fetch.
+    fetch = asyncio.ensure_future(expected())
     try:
-        wanted = dict(await expected())
+        wanted = dict(await asyncio.shield(fetch))
     except Exception as exc:  # noqa: BLE001 - nothing to compare with: the engine cannot be judged, not failed
         served_call.cancel()
         served_call.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved, never "never retrieved"
@@ -92,9 +88,9 @@ async def check_served_weights(engine_id: str, version: int, client: Any,
                             attempt=attempt, detail=f"no checksums of v{version} to compare with: {exc}")
     except asyncio.CancelledError:
         served_call.cancel()
-        if _cancel_requested():  # this check itself is being cancelled (shutdown, a deadline): let it go
+        if not fetch.cancelled():  # this check itself is being cancelled (shutdown, a deadline): let it go
             raise
-        # The publication's checksums were dropped with the version: a newer one was published meanwhile.
+        # The fetch was dropped with its version (``_expected_checksums``): a newer one was published meanwhile.
         raise VersionSuperseded(f"weights v{version} were replaced by a newer publication while {engine_id} was "
                                 "checked against them") from None
     except BaseException:
@@ -259,7 +255,10 @@ class WeightSync:
                 held = "nothing published" if latest is None else f"the newest is v{latest.version}"
                 return Verification(engine_id, record.weight_version or 0, VerifyResult.UNCHECKABLE, "",
                                     detail=f"it holds v{record.weight_version} and {held}: a load will verify it")
-            timings = await self._send(engine_id, latest, self._check(engine_id, latest), verify_only=True)
+            try:
+                timings = await self._send(engine_id, latest, self._check(engine_id, latest), verify_only=True)
+            except VersionSuperseded as superseded:  # a newer version landed meanwhile: the next load checks it
+                return Verification(engine_id, latest.version, VerifyResult.UNCHECKABLE, "", detail=str(superseded))
             self._loaded(engine_id, latest, timings)
             return timings["verifications"][-1]
 
@@ -319,7 +318,7 @@ class WeightSync:
         only), or asked of the trainer's rank 0 (once per version and hash; it hashes its held buffers)."""
         key = (latest.version, ChecksumAlgorithm(algorithm))
         task = self._expected.get(key)
-        if task is None or (task.done() and not task.cancelled() and task.exception() is not None):
+        if task is None or (task.done() and (task.cancelled() or task.exception() is not None)):
             async def fetch() -> dict[str, str]:
                 if latest.manifest.checksums is not None and key[1] is ChecksumAlgorithm.SHA256:
                     return dict(latest.manifest.checksums)

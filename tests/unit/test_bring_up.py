@@ -211,3 +211,22 @@ async def test_a_replacement_still_starting_at_shutdown_is_stopped_not_failed(ca
     assert fleet.bring_ups.view(replacement.engine_id)["outcome"] == (
         "REMOVED: stopped while STARTING: the run is shutting down")
     assert not [r for r in caplog.records if "failed to come up" in r.getMessage()]
+
+
+@pytest.mark.timeout(10)
+async def test_a_scale_out_stopped_by_the_runs_end_is_removed_not_failed() -> None:
+    """The run's end cancels the executor's scale-outs before the fleet stops: the fleet hears of the shutdown
+    first (``begin_shutdown``), so those engines are not reported as failures."""
+    launcher = TimedLauncher()
+    fleet, pool, _ = make_fleet(launcher)
+    launcher.gate = asyncio.Event()
+    engine_id = pool.add(EngineKind.ELASTIC).engine_id
+    task = asyncio.create_task(fleet.bring_up_elastic(engine_id, timeout_s=60.0, cancelled=lambda: False))
+    await asyncio.wait_for(launcher.waiting.wait(), 5.0)
+    fleet.begin_shutdown()
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    record = pool.get(engine_id)
+    assert record.state is EngineState.REMOVED and record.last_error is None
+    assert fleet.bring_ups.view(engine_id)["outcome"] == "REMOVED: stopped while STARTING: the run is shutting down"
+    await fleet.shutdown()

@@ -440,6 +440,8 @@ def test_scale_in_while_a_scale_out_starts_its_engines_is_a_conflict_not_bad_inp
     assert http_status_of(info.value) == 409 and info.value.running_request_id == running.request_id
     with pytest.raises(RejectedRequest):  # a request that is wrong whatever runs is still 400
         registry.submit_scale_in(ScaleInSpec(num_replicas=1), pool, initial_count=2)
+    with pytest.raises(RejectedRequest):  # a dry run is answered while an operation runs: what it would say now
+        registry.submit_scale_in(ScaleInSpec(num_replicas=2, dry_run=True), pool, initial_count=2)
     running.fail("placement timed out")
     with pytest.raises(RejectedRequest) as rejected:  # nothing runs: the pool's state is the answer
         registry.submit_scale_in(ScaleInSpec(num_replicas=2), pool, initial_count=2)

@@ -317,3 +317,25 @@ def test_pause_mode_is_one_enum_from_the_flag_to_the_client() -> None:
     assert parse_args(["--weight-sync-pause-mode", "in_place"]).weight_sync_pause_mode is PauseMode.IN_PLACE
     assert [m.pauses for m in PauseMode] == [True, True, True, False]
     assert FleetSettings().weight_sync_pause_mode is PauseMode.RETRACT
+
+
+async def test_one_cancelled_check_leaves_the_shared_checksum_fetch_to_the_others() -> None:
+    """Engines checked against one version share one fetch of its checksums: a check cancelled by its own engine's
+    deadline must not cancel the fetch under the others (they would read it as a superseded version)."""
+    from relax.rollout.weight_sync import check_served_weights
+
+    answer: asyncio.Future[dict[str, str]] = asyncio.get_running_loop().create_future()
+    fetch = asyncio.ensure_future(asyncio.shield(answer))
+
+    def expected() -> asyncio.Future[dict[str, str]]:
+        return fetch
+
+    first = asyncio.create_task(check_served_weights("engine_0", 1, CheckedClient(), expected))
+    second = asyncio.create_task(check_served_weights("engine_1", 1, CheckedClient(), expected))
+    await asyncio.sleep(0)  # both wait for the fetch
+    first.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    answer.set_result({"w": "abc"})
+    outcome = await asyncio.wait_for(second, 2.0)
+    assert outcome.result.value == "verified" and not fetch.cancelled()

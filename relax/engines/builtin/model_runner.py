@@ -99,7 +99,14 @@ def _dummy_model(model_dir: Path, impl: ModelImpl) -> torch.nn.Module:
     config = None if impl is ModelImpl.TRANSFORMERS else native_config(raw)
     if config is not None:
         generation = model_dir / "generation_config.json"
-        return DecoderForCausalLM(config, json.loads(generation.read_text()) if generation.is_file() else None)
+        model = DecoderForCausalLM(config, json.loads(generation.read_text()) if generation.is_file() else None)
+        with torch.no_grad():  # its parameters are allocated, not initialised: random values, as SGLang's dummy
+            for name, param in model.named_parameters():
+                if param.dim() > 1:
+                    param.normal_(0.0, 0.02)
+                else:  # norm scales (the decoder has no biases)
+                    param.fill_(1.0 if "norm" in name else 0.0)
+        return model
     if impl is ModelImpl.NATIVE:
         raise ModelImplError(f"--model-impl native cannot serve {model_dir}: {not_native(raw)}; "
                              "use --model-impl auto or transformers")

@@ -157,7 +157,7 @@ class ScaleRequestRegistry:
         elastic engines) while another operation runs is that operation's :class:`ScaleConflict`."""
         outcome = plan_scale_in(spec, pool, initial_count=initial_count)
         if isinstance(outcome, Rejection):
-            if outcome.depends_on_pool:
+            if outcome.depends_on_pool and not spec.dry_run:
                 self.ensure_idle()  # the pool is being changed: 409 names the running request, not a 400
             raise outcome.to_error()
         if isinstance(outcome, ScaleInPlan) and outcome.dry_run:
