@@ -141,7 +141,8 @@ def test_an_output_dir_another_live_run_writes_fails_in_one_line(tiny_preset, tm
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-        result = run_train(*tiny_args(tiny_preset, "--output-dir", str(out)))
+        # --api-port 0: the default 8000 may be held by another run on the host (the e2e worker's, beside this one)
+        result = run_train(*tiny_args(tiny_preset, "--output-dir", str(out), "--api-port", "0"))
     finally:
         holder.kill()
         holder.wait(timeout=30)
