@@ -14,10 +14,11 @@ launcher port starts local processes, so the phases are the engine's own and Rel
 Reported per join: decision → ACTIVE and every phase (``rollout.bringup``); per mode, Relax's share (every phase
 of the join but its server's own start: capacity, actor, first answer, weight sync, verify) beside the bare start
 of the same kind (dummy or checkpoint). Medians per mode, and the ratio dummy / checkpoint.
-On this machine the model is read from page cache, so the checkpoint read costs little here; on a GPU node it
-is the checkpoint's bytes from (often network) storage: the report gives those bytes for the estimate.
+A warm page cache makes the checkpoint read nearly free here; ``--cold`` evicts the weight files from the page
+cache (``posix_fadvise(DONTNEED)``) before every start, so a checkpoint start reads them from disk as a fresh node
+does. On a GPU node the read is the checkpoint's bytes from (often network) storage: the report gives the bytes.
 
-    python benchmarks/join_latency.py [--model-path DIR | --smollm2] [--reps 3] [--out FILE]
+    python benchmarks/join_latency.py [--model-path DIR | --smollm2] [--reps 3] [--cold] [--out FILE]
 """
 
 from __future__ import annotations
@@ -56,7 +57,11 @@ class LocalLauncher:
         self.model_dir, self.logs = model_dir, logs
         self.procs: dict[str, ServerProcess] = {}
 
+    cold = False
+
     def spawn(self, name: str, load_format: str | None) -> tuple[ServerProcess, float]:
+        if self.cold:
+            evict(self.model_dir)
         spec = builtin_spec(self.model_dir, "127.0.0.1", free_port(), str(self.logs / f"{name}.log"), name=name,
                             options=BuiltinOptions(num_threads=1, load_format=load_format))
         proc = ServerProcess(spec)
@@ -97,6 +102,17 @@ class LocalLauncher:
         return list(self.procs)
 
 
+def evict(model_dir: str) -> None:
+    """Drop the weight files' pages from the page cache: the next read comes from disk."""
+    for path in Path(model_dir).glob("*.safetensors"):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
 def perturbed_state(model_dir: str) -> dict[str, Any]:
     """Version 1: the model's own weights, each nudged (what a training step publishes)."""
     import torch
@@ -108,10 +124,11 @@ def perturbed_state(model_dir: str) -> dict[str, Any]:
             if not name.endswith("lm_head.weight") or not getattr(model.config, "tie_word_embeddings", False)}
 
 
-async def measure(model_dir: str, reps: int, logs: Path) -> dict[str, Any]:
+async def measure(model_dir: str, reps: int, logs: Path, cold: bool) -> dict[str, Any]:
     weights, events = WeightRegistry(), EventLog()
     pool = EnginePool(time.time)
     launcher = LocalLauncher(model_dir, logs)
+    launcher.cold = cold
     fleet = build_fleet(pool, Router(), events, weights, launcher,
                         FleetSettings(model_path=model_dir, request_timeout_s=300, health_timeout_s=300,
                                       shutdown_timeout_s=5, dummy_joins=True),
@@ -177,6 +194,8 @@ def main() -> None:
     parser.add_argument("--model-path", default=None, help="a Hugging Face checkpoint (default: the tiny preset)")
     parser.add_argument("--smollm2", action="store_true", help="the smollm2 preset's SmolLM2-135M (built if needed)")
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--cold", action="store_true", help="evict the weight files from the page cache before "
+                        "every start (a node that has not read them yet)")
     parser.add_argument("--out", default="benchmarks/results/join_latency.json")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="relax-join-latency-") as tmp:
@@ -187,9 +206,9 @@ def main() -> None:
         weight_bytes = sum(p.stat().st_size for p in Path(model_dir).glob("*.safetensors"))
         logs = Path(tmp) / "logs"
         logs.mkdir()
-        result = asyncio.run(measure(model_dir, args.reps, logs))
+        result = asyncio.run(measure(model_dir, args.reps, logs, args.cold))
     save_report({"benchmark": "join_latency", "machine": machine(), "model": name, "weight_file_bytes": weight_bytes,
-                 "reps": args.reps, "summary": summarise(result), **result}, args.out)
+                 "reps": args.reps, "cold": args.cold, "summary": summarise(result), **result}, args.out)
 
 
 if __name__ == "__main__":

@@ -251,3 +251,4 @@ def test_a_dummy_load_reads_no_weight_file_and_builds_the_same_parameters(tiny_p
     assert {name: tuple(p.shape) for name, p in dummy.named_parameters()} == shapes
     assert type(dummy) is type(real)
     assert not all(torch.equal(a, b) for a, b in zip(dummy.parameters(), real.parameters(), strict=True))
+    assert all(torch.isfinite(p).all() for p in dummy.parameters())

@@ -48,7 +48,7 @@ def load_model(model_path: str | Path, device: torch.device, impl: ModelImpl = M
     """The checkpoint in fp32 on ``device``: natively where ``decoder`` implements its architecture exactly
     (Qwen3, Llama), else through transformers (any other architecture, at a few CPU-seconds more start-up).
 
-    ``dummy``: the model built from ``config.json`` alone with random weights, no weight file read (SGLang's
+    ``dummy``: the model built from ``config.json`` alone with placeholder weights, no weight file read (SGLang's
     ``--load-format dummy``): for an engine whose first refit overwrites every tensor anyway.
     Loaded on a thread of its own that ends with the load (``_on_a_passing_thread``)."""
     return _on_a_passing_thread(lambda: _load_model(Path(model_path), device, impl, dummy))
@@ -93,19 +93,16 @@ def _load_model(model_dir: Path, device: torch.device, impl: ModelImpl, dummy: b
 
 
 def _dummy_model(model_dir: Path, impl: ModelImpl) -> torch.nn.Module:
-    """The model ``config.json`` describes, randomly initialised: the native decoder where it implements the
-    architecture (as for a real load), else transformers' model from the config."""
+    """The model ``config.json`` describes with placeholder weights: the native decoder where it implements the
+    architecture (as for a real load), else transformers' model from the config (its own random init)."""
     raw = json.loads((model_dir / "config.json").read_text())
     config = None if impl is ModelImpl.TRANSFORMERS else native_config(raw)
     if config is not None:
         generation = model_dir / "generation_config.json"
         model = DecoderForCausalLM(config, json.loads(generation.read_text()) if generation.is_file() else None)
-        with torch.no_grad():  # its parameters are allocated, not initialised: random values, as SGLang's dummy
-            for name, param in model.named_parameters():
-                if param.dim() > 1:
-                    param.normal_(0.0, 0.02)
-                else:  # norm scales (the decoder has no biases)
-                    param.fill_(1.0 if "norm" in name else 0.0)
+        with torch.no_grad():  # allocated, not initialised: placeholder values that can never make a NaN (the first
+            for name, param in model.named_parameters():  # health generation runs on them); zeros are a memset,
+                param.fill_(1.0 if param.dim() == 1 and "norm" in name else 0.0)  # random values cost ~1 s here
         return model
     if impl is ModelImpl.NATIVE:
         raise ModelImplError(f"--model-impl native cannot serve {model_dir}: {not_native(raw)}; "
