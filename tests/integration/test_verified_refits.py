@@ -227,6 +227,15 @@ async def joining_fleet(start_engine, model_dir: str, joiner_dir: str, policy: V
     assert launcher.procs == {}
 
 
+async def join_after_a_broadcast(run: Running, state: dict[str, Any]) -> str:
+    """Version 1 published by broadcast and loaded by the initial engine, then an elastic engine joins."""
+    run.fleet.weight_sync.publish(1, [], run.sender.hold(1, state), source=run.source)
+    await run.fleet.weight_sync.settle()
+    joiner = run.fleet.pool.add(EngineKind.ELASTIC).engine_id
+    await run.fleet.bring_up_elastic(joiner, timeout_s=120, cancelled=lambda: False)
+    return joiner
+
+
 @pytest.fixture
 def joiner_dir(tiny_preset, tmp_path) -> str:
     """The tiny model's directory with its weight file replaced by garbage: only config and tokenizer are good."""
@@ -243,10 +252,7 @@ async def test_a_joiner_reads_no_checkpoint_and_serves_only_after_its_verified_r
     _, state = perturbed
     async with joining_fleet(start_engine, str(tiny_preset.model_dir), joiner_dir, VerifyPolicy.OFF) as (run, launcher):
         fleet = run.fleet
-        fleet.weight_sync.publish(1, [], run.sender.hold(1, state), source=run.source)
-        await fleet.weight_sync.settle()
-        joiner = fleet.pool.add(EngineKind.ELASTIC).engine_id
-        await fleet.bring_up_elastic(joiner, timeout_s=120, cancelled=lambda: False)
+        joiner = await join_after_a_broadcast(run, state)
         record = fleet.pool.get(joiner)
         assert launcher.dummy == {"engine_0": False, joiner: True}  # the initial engine served version 0
         assert record.state is EngineState.ACTIVE, record.last_error
@@ -267,10 +273,7 @@ async def test_a_joiner_whose_refit_cannot_be_verified_is_failed_and_never_route
     async with joining_fleet(start_engine, str(tiny_preset.model_dir), joiner_dir, VerifyPolicy.OFF,
                              UncheckableClient) as (run, _):
         fleet = run.fleet
-        fleet.weight_sync.publish(1, [], run.sender.hold(1, state), source=run.source)
-        await fleet.weight_sync.settle()
-        joiner = fleet.pool.add(EngineKind.ELASTIC).engine_id
-        await fleet.bring_up_elastic(joiner, timeout_s=120, cancelled=lambda: False)
+        joiner = await join_after_a_broadcast(run, state)
         record = fleet.pool.get(joiner)
         assert record.state is EngineState.FAILED
         assert "started with random weights (--joiner-weights dummy)" in (record.last_error or "")
