@@ -14,10 +14,13 @@ from the sync's own timings. The phases of one engine add up to its decision →
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
+
+from relax.logs import failure_cause
 
 __all__ = ["BUCKETS_S", "BringUp", "BringUpLog", "Phase", "PhaseHistogram", "stop_reason"]
 
@@ -175,9 +178,9 @@ class BringUpLog:
             record.phases[record.current] = record.phases.get(record.current, 0.0) + spent
 
 
-def stop_reason(exc_text: str, state: str, *, shutting_down: bool, deadline_s: float | None,
+def stop_reason(exc: BaseException, state: str, *, shutting_down: bool, deadline_s: float | None,
                 past_deadline: bool) -> tuple[str, bool]:
-    """Why a bring-up stopped, for a bare cancellation or timeout (``exc_text`` empty) or any other error.
+    """Why a bring-up stopped: ``exc`` is what stopped it, ``state`` the engine's state then.
 
     Returns ``(reason, failed)``: ``failed`` is False when the engine did nothing wrong (the run is shutting
     down), so it is removed rather than failed and not logged as a failure. A message the error carries is
@@ -186,8 +189,9 @@ def stop_reason(exc_text: str, state: str, *, shutting_down: bool, deadline_s: f
     """
     if shutting_down:
         return f"stopped while {state}: the run is shutting down", False
-    if exc_text:
-        return exc_text, True
+    bare = isinstance(exc, asyncio.CancelledError | asyncio.TimeoutError | TimeoutError) and not str(exc)
+    if not bare:
+        return failure_cause(exc), True
     if past_deadline and deadline_s is not None:
         return (f"not ACTIVE within the scale-out timeout ({deadline_s:g} s, --scale-out-timeout or the request's "
                 f"timeout_secs); it was {state}"), True

@@ -104,6 +104,9 @@ class FleetWeights(Protocol):
 
     def require_verified(self, engine_id: str) -> None: ...
 
+    @property
+    def last_syncs(self) -> Mapping[str, Mapping[str, Any]]: ...
+
     async def verify(self, engine_id: str) -> Verification: ...
 
     async def settle(self) -> None: ...
@@ -248,8 +251,7 @@ class EngineFleet:
             await self._cleanup_failed(engine_id, exc)
             raise
         self._deadlines.pop(engine_id, None)
-        verify_s = (self.weight_sync.last_syncs.get(engine_id) or {}).get("verify_s") if hasattr(
-            self.weight_sync, "last_syncs") else None
+        verify_s = (self.weight_sync.last_syncs.get(engine_id) or {}).get("verify_s")
         bring_up = self.bring_ups.end(engine_id, "ACTIVE", splits={
             Phase.WEIGHT_SYNC: {Phase.WEIGHT_SYNC: 0.0, Phase.VERIFY: verify_s}})
         if bring_up is not None:
@@ -354,10 +356,9 @@ class EngineFleet:
     async def _cleanup_failed(self, engine_id: str, exc: BaseException) -> None:
         record = self.pool.get(engine_id)
         cancelled = engine_id in self._cancelled
-        bare = isinstance(exc, asyncio.CancelledError | asyncio.TimeoutError | TimeoutError) and not str(exc)
         deadline = self._deadlines.pop(engine_id, None)
-        reason, failed = stop_reason("" if bare else failure_cause(exc), record.state.value,
-                                     shutting_down=self._shutting_down, deadline_s=deadline[1] if deadline else None,
+        reason, failed = stop_reason(exc, record.state.value, shutting_down=self._shutting_down,
+                                     deadline_s=deadline[1] if deadline else None,
                                      past_deadline=deadline is not None and time.monotonic() >= deadline[0] - 0.05)
         removed = cancelled or not failed
         if not record.state.terminal:

@@ -106,16 +106,20 @@ def test_the_log_keeps_the_newest_engines_only() -> None:
     assert log.get("engine_0") is None and log.get("engine_2") is not None
 
 
-@pytest.mark.parametrize(("text", "shutting_down", "deadline", "past", "says", "failed"), [
-    ("", True, 300.0, True, "stopped while STARTING: the run is shutting down", False),
-    ("", False, 300.0, True, "not ACTIVE within the scale-out timeout (300 s", True),
-    ("", False, 300.0, False, "cancelled while STARTING (no cause given)", True),
-    ("", False, None, False, "cancelled while STARTING (no cause given)", True),
-    ("the server exited with code 1", False, 300.0, True, "the server exited with code 1", True),
+@pytest.mark.parametrize(("exc", "shutting_down", "deadline", "past", "says", "failed"), [
+    (asyncio.CancelledError(), True, 300.0, True, "stopped while STARTING: the run is shutting down", False),
+    (asyncio.CancelledError(), False, 300.0, True, "not ACTIVE within the scale-out timeout (300 s", True),
+    (TimeoutError(), False, 300.0, True, "not ACTIVE within the scale-out timeout (300 s", True),
+    (asyncio.CancelledError(), False, 300.0, False, "cancelled while STARTING (no cause given)", True),
+    (asyncio.CancelledError(), False, None, False, "cancelled while STARTING (no cause given)", True),
+    (RuntimeError("the server exited with code 1"), False, 300.0, True,
+     "RuntimeError: the server exited with code 1", True),
+    (TimeoutError("placement group not ready after 300s"), False, 300.0, True,
+     "TimeoutError: placement group not ready after 300s", True),
 ])
-def test_a_stopped_bring_up_is_named_by_its_cause(text: str, shutting_down: bool, deadline: float | None,
+def test_a_stopped_bring_up_is_named_by_its_cause(exc: BaseException, shutting_down: bool, deadline: float | None,
                                                   past: bool, says: str, failed: bool) -> None:
-    reason, was_failure = stop_reason(text, "STARTING", shutting_down=shutting_down, deadline_s=deadline,
+    reason, was_failure = stop_reason(exc, "STARTING", shutting_down=shutting_down, deadline_s=deadline,
                                       past_deadline=past)
     assert reason.startswith(says) and was_failure is failed
     assert "timed out" not in reason or past
