@@ -40,21 +40,15 @@ from relax.cluster.network import free_port
 from relax.demo.elastic import RunApi
 from relax.demo.local import train_argv
 from relax.presets.tiny import build_tiny_preset
+from relax.testing.engine_processes import engine_server_pid
 
 SHM = Path("/dev/shm")
 
 
 def server_group(driver_pid: int, url: str) -> int | None:
-    """The process group of the engine server serving ``url``: a descendant of the driver whose argv names its port."""
-    port = url.rsplit(":", 1)[1]
-    for proc in psutil.Process(driver_pid).children(recursive=True):
-        try:
-            argv = proc.cmdline()
-        except psutil.Error:
-            continue
-        if "serve" in argv and "--port" in argv and argv[argv.index("--port") + 1] == port:
-            return os.getpgid(proc.pid)
-    return None
+    """The process group of the engine server serving ``url`` (the server leads its own group)."""
+    pid = engine_server_pid(driver_pid, url)
+    return None if pid is None else os.getpgid(pid)
 
 
 def samples_report(run_dir: Path) -> dict[str, Any]:

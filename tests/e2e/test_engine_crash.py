@@ -18,13 +18,13 @@ import subprocess
 from pathlib import Path
 
 import httpx
-import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from relax.cluster.network import free_port
 from relax.demo.elastic import RunApi, wait_until
 from relax.demo.local import train_argv
+from relax.testing.engine_processes import engine_server_pid
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
@@ -42,15 +42,9 @@ def batch(engine: httpx.Client) -> tuple[int, int]:
 
 def server_pid(driver_pid: int, url: str) -> int:
     """The built-in engine server serving ``url``: a descendant of the driver whose argv names its port."""
-    port = url.rsplit(":", 1)[1]
-    for proc in psutil.Process(driver_pid).children(recursive=True):
-        try:
-            argv = proc.cmdline()
-        except psutil.Error:
-            continue
-        if "serve" in argv and "--port" in argv and argv[argv.index("--port") + 1] == port:
-            return proc.pid
-    raise AssertionError(f"no engine server on port {port} under the driver")
+    pid = engine_server_pid(driver_pid, url)
+    assert pid is not None, f"no engine server for {url} under the driver"
+    return pid
 
 
 def assert_crash_lost_nothing(text: str, run_dir: Path, *, steps: int) -> int:
