@@ -35,18 +35,17 @@ def manifest_report(documents: list[Document], node_group: str, plan: Plan | Non
     """Findings of every rule (the plan's too, given one), with a verdict per RayCluster for the plan."""
     findings = tuple(check_documents(documents, node_group=node_group, plan=plan))
     lines: list[str] = []
+    specs = _cluster_specs(documents) if plan is not None else []
     if plan is not None:
-        specs = _cluster_specs(documents)
         if not specs:
             lines.append("no RayCluster among these manifests (a RayJob with clusterSelector only names one); "
                          "pass the RayCluster's manifest")
         lines += [describe_fit(plan_fit(plan, cluster_groups(spec)), label) for label, spec in specs]
-    others = [f for f in findings if f.rule is not Rule.PLAN_FIT]
-    lines += [f.line() for f in others]
+    lines += [f.line() for f in findings if f.rule is not Rule.PLAN_FIT]
     kinds = sorted({d.kind for d in documents})
     verdict = "no problems" if not findings else f"{len(findings)} problem(s)"
     lines.append(f"checked {len(documents)} object(s) ({', '.join(kinds)}) against {source_release()} "
                  f"and Relax's rules: {verdict}")
-    if plan is not None and not _cluster_specs(documents):
-        return ManifestReport(findings + (Finding(Rule.PLAN_FIT, "manifests", "no RayCluster to check"),), tuple(lines))
+    if plan is not None and not specs:  # nothing to fit the plan to: not a pass
+        findings += (Finding(Rule.PLAN_FIT, "manifests", "no RayCluster to check"),)
     return ManifestReport(findings, tuple(lines))
