@@ -11,7 +11,7 @@ launcher port starts local processes, so the phases are the engine's own and Rel
 3. beside each, the floor: the same server started bare (spawn → ``/health`` answers), its own start with no
    Relax around it.
 
-Reported per join: decision → ACTIVE and every phase (``rollout.bringup``); per mode, Relax's share (every phase
+Reported per join: decision → ACTIVE and every phase (``rollout.fleet.bringup``); per mode, Relax's share (every phase
 of the join but its server's own start: capacity, actor, first answer, weight sync, verify) beside the bare start
 of the same kind (dummy or checkpoint). Medians per mode, and the ratio dummy / checkpoint.
 A warm page cache makes the checkpoint read nearly free here; ``--cold`` evicts the weight files from the page
@@ -40,11 +40,11 @@ from relax.cluster.network import free_port  # noqa: E402
 from relax.engines.client import EngineClient  # noqa: E402
 from relax.engines.launcher import BuiltinOptions, ServerProcess, builtin_spec  # noqa: E402
 from relax.rollout.assembly import build_fleet  # noqa: E402
-from relax.rollout.broadcast import ThreadWeightSource  # noqa: E402
-from relax.rollout.events import EventLog  # noqa: E402
-from relax.rollout.launcher import EngineSlot  # noqa: E402
-from relax.rollout.pool import EngineKind, EnginePool  # noqa: E402
-from relax.rollout.router import Router  # noqa: E402
+from relax.rollout.pool.engine_pool import EngineKind, EnginePool  # noqa: E402
+from relax.rollout.pool.events import EventLog  # noqa: E402
+from relax.rollout.pool.launcher import EngineSlot  # noqa: E402
+from relax.rollout.refit.broadcast import ThreadWeightSource  # noqa: E402
+from relax.rollout.routing.router import Router  # noqa: E402
 from relax.rollout.settings import FleetSettings  # noqa: E402
 from relax.training.sender import WeightSender  # noqa: E402
 from relax.weights.publication import WeightRegistry  # noqa: E402

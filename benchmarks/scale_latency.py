@@ -24,7 +24,7 @@ cache), and the tiny model makes per-request overhead large relative to compute.
 with each other and a with b within one run; do not compare absolute figures across machines.
 
 Known differences between the paths of the router comparison: (a) streams every generation (the manager
-holds each prefix so a crash loses nothing, ``relax.rollout.dispatcher``), sends token ids and asks for
+holds each prefix so a crash loses nothing, ``relax.rollout.dispatch.dispatcher``), sends token ids and asks for
 log-probs, as rollout does, while (b) sends the same prompt as text, unstreamed, without log-probs; (c) adds a
 Ray actor call per request, which training never pays (the rollout loop dispatches inside the manager).
 
@@ -52,7 +52,7 @@ from report import machine, save_report  # noqa: E402
 from relax.cluster.connect import start_local  # noqa: E402
 from relax.engines.loadgen import run_burst  # noqa: E402
 from relax.presets.tiny import build_tiny_preset  # noqa: E402
-from relax.rollout.api import status_of  # noqa: E402
+from relax.rollout.control.api import status_of  # noqa: E402
 from relax.rollout.manager import spawn_rollout_manager  # noqa: E402
 from relax.rollout.scaling import ScaleInSpec, ScaleOutSpec  # noqa: E402
 from relax.rollout.settings import (  # noqa: E402

@@ -62,9 +62,9 @@ from relax.engines.client import EngineClient
 from relax.engines.launcher import BuiltinOptions, ServerProcess, builtin_spec
 from relax.engines.loadgen import BurstResult, run_burst
 from relax.engines.sglang import SGLangOptions
-from relax.rollout.broadcast import ThreadWeightSource, close_group, open_group, send_version
+from relax.rollout.refit.broadcast import ThreadWeightSource, close_group, open_group, send_version
+from relax.rollout.refit.weight_sync import check_served_weights
 from relax.rollout.settings import BroadcastSettings
-from relax.rollout.weight_sync import check_served_weights
 from relax.training.sender import WeightSender
 from relax.weights.digest import checksum_mismatches, sglang_checksums
 from relax.weights.pause_mode import PauseMode

@@ -23,7 +23,7 @@ class AutoscalerFactory:
         # Imported here: the factory is pickled in the driver, which needs none of this.
         from relax.autoscaler.routes import autoscaler_router
         from relax.autoscaler.service import start_autoscaler
-        from relax.rollout.manager_client import ManagerClient
+        from relax.rollout.control.manager_client import ManagerClient
 
         service = start_autoscaler(self.config, ManagerClient(self.manager))
         return autoscaler_router(service)

@@ -9,7 +9,7 @@ targets, the initial-engine floor, one operation at a time). It then follows the
 that request ends, and tells the policy what became of it (``record_action``): a refusal or a failed
 request backs off, an accepted one starts the cooldown.
 
-The backend is the one client of the RolloutManager actor (``relax.rollout.manager_client.ManagerClient``,
+The backend is the one client of the RolloutManager actor (``relax.rollout.control.manager_client.ManagerClient``,
 or ``relax.testing.local_rollout.LocalRollout`` in process): it answers plain values and raises the scaling
 core's typed errors. A ``ScalingError`` is a *refusal* (the rules said no: recorded, backed off); any other
 exception is an *error* (the manager could not be asked: recorded in ``health()`` as well).
@@ -60,7 +60,7 @@ from relax.autoscaler.policy import (
 )
 from relax.autoscaler.scrape import scrape_all
 from relax.logs import failure_cause
-from relax.rollout.pool import EngineState
+from relax.rollout.pool.engine_pool import EngineState
 from relax.rollout.scaling import (
     FAILED_STATUSES,
     TERMINAL_STATUSES,
@@ -865,7 +865,7 @@ def _drivers(decision: Decision) -> dict[str, Any]:
 def start_autoscaler(config: AutoscalerConfig, backend: AutoscalerBackend, **kwargs: Any) -> AutoscalerService:
     """Create the service and start its loop as a task in the running event loop (the control plane's).
 
-    ``backend`` is a ``relax.rollout.manager_client.ManagerClient`` over the RolloutManager actor (see
+    ``backend`` is a ``relax.rollout.control.manager_client.ManagerClient`` over the RolloutManager actor (see
     ``relax.autoscaler.mount``) or an in-process double. ``kwargs`` go to ``AutoscalerService`` (``clock``,
     ``scrape_timeout``, ``engine_token``...). Call ``await service.stop()`` on shutdown.
     """

@@ -15,7 +15,7 @@ with a ``PoolView`` and ``record_action`` exactly as the service calls them. Onl
 * **Router** (docs/architecture.md, "Router"). Each arriving request goes to the ACTIVE engine with the
   fewest requests in flight (ties: the lowest engine number); with no ACTIVE engine it waits in the router.
 * **Scale requests are not modelled: they are carried out by the real executor.** A decision becomes a
-  ``ScaleOutSpec`` / ``ScaleInSpec`` handed to :class:`~relax.rollout.executor.ScaleExecutor` -- the class
+  ``ScaleOutSpec`` / ``ScaleInSpec`` handed to :class:`~relax.rollout.fleet.executor.ScaleExecutor` -- the class
   the Ray rollout manager runs -- over a :class:`SimulatedFleet`, on an event loop whose clock is the
   simulation's (``virtual_clock``). So the planners (absolute targets, the initial-engine floor, victims
   newest-elastic-first), one request at a time, the request timeout and the partial-success policy
@@ -95,9 +95,9 @@ from relax.autoscaler.sim_policies import (
 from relax.autoscaler.traces import Phase, Trace
 from relax.autoscaler.virtual_clock import run_virtual
 from relax.config.flags import PartialSuccessPolicy
-from relax.rollout.events import EventLog
-from relax.rollout.executor import ScaleExecutor
-from relax.rollout.pool import EngineKind, EnginePool, EngineState
+from relax.rollout.fleet.executor import ScaleExecutor
+from relax.rollout.pool.engine_pool import EngineKind, EnginePool, EngineState
+from relax.rollout.pool.events import EventLog
 from relax.rollout.scaling import (
     FAILED_STATUSES,
     ScaleInSpec,
@@ -306,7 +306,7 @@ def count_reversals(actions: Iterable[ScaleRecord], window_secs: float) -> int:
 class SimulatedFleet:
     """The executor's fleet port over simulated engines: start-up phases and drains take simulated time.
 
-    Engine states live in the real :class:`~relax.rollout.pool.EnginePool` (the executor plans against
+    Engine states live in the real :class:`~relax.rollout.pool.engine_pool.EnginePool` (the executor plans against
     it); the queues and batches live in the simulation's ``SimEngine`` world model.
     """
 

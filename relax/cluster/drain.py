@@ -4,7 +4,7 @@ A node that is about to be reclaimed is marked DRAINING in the GCS with a deadli
 itself on SIGTERM (``RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S``, default 30 s), or by an autoscaler or operator
 through the GCS drain API (reason PREEMPTION). A draining node takes no new work and exits as preempted once
 its last actor is gone. Ray Serve reads the same set to move replicas ahead of the deadline; the rollout
-manager reads it to move engines (``relax.rollout.eviction``).
+manager reads it to move engines (``relax.rollout.fleet.eviction``).
 
 Both calls are private in Ray 2.60 (``ray._private.state.state.get_draining_nodes``,
 ``ray._raylet.GcsClient.drain_node``): this is the one module that touches them. On a Ray without them

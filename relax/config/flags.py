@@ -60,7 +60,7 @@ class RewardType(str, Enum):
 class UnfinishedRequests(str, Enum):
     """What happens to a request still running on an engine that leaves once its drain budget is spent."""
 
-    MIGRATE = "migrate"  # abort it and continue on another engine from the tokens it has (relax.rollout.migration)
+    MIGRATE = "migrate"  # abort it and continue on another engine from the tokens it has (rollout.dispatch.migration)
     RETRY = "retry"  # abort it and generate it again from the prompt elsewhere
 
 

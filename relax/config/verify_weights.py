@@ -1,7 +1,7 @@
 """After which weight loads an engine's served weights are checked against the trainer's publication.
 
 One enum from the flag (``--verify-weights``) through the manager to the weight sync's rules
-(``relax.rollout.refit``), so the policy is spelled one way everywhere.
+(``relax.rollout.refit.rules``), so the policy is spelled one way everywhere.
 """
 
 from __future__ import annotations

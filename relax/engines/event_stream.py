@@ -8,7 +8,7 @@ cumulative chunks would otherwise parse gigabytes).
 
 What may be trusted of a stream that broke off: the last *complete* event (terminated by its blank line). A
 partial event — the connection cut mid-chunk — is discarded, never repaired; a complete one is a consistent
-snapshot (ids, log-probs and version spans of one moment), which ``relax.rollout.migration.Segment`` checks
+snapshot (ids, log-probs and version spans of one moment), which ``relax.rollout.dispatch.migration.Segment`` checks
 again (as many log-probs as tokens) before a single token of it is kept.
 """
 

@@ -295,7 +295,7 @@ class Driver:
         from relax.cluster import scratch
         from relax.cluster.connect import connect
         from relax.cluster.placement import create_groups
-        from relax.rollout.control_plane import spawn_control_plane
+        from relax.rollout.control.control_plane import spawn_control_plane
         from relax.rollout.manager import spawn_rollout_manager
         from relax.training.actor import TrainerConfig
         from relax.training.group import TrainerGroup
@@ -363,7 +363,7 @@ class Driver:
     def _resolve_backend(self) -> str:
         """The engines' backend: ``auto`` (and SGLang's presence) is decided on the first engine's node, holding
         its GPUs, so a GPU node without SGLang fails here, in one line, not as engines that never come up."""
-        from relax.rollout.launcher import probe_engine_node, resolve_backend
+        from relax.rollout.pool.launcher import probe_engine_node, resolve_backend
 
         a, python = self.args, self.args.sglang_interpreter()
         found = ""
@@ -539,7 +539,8 @@ class Driver:
         return part["cursor_end"]
 
     def _record_samples(self, rows: list[dict[str, Any]]) -> None:
-        """``--record-samples``: what the model wrote, one JSON line per trained sample (``rollout.handoff``)."""
+        """``--record-samples``: what the model wrote, one JSON line per trained sample
+        (``rollout.dispatch.handoff``)."""
         with (self.run_dir / "samples.jsonl").open("a", encoding="utf-8") as f:
             f.writelines(json.dumps(row) + "\n" for row in rows)
 

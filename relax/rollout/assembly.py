@@ -4,12 +4,12 @@
 engines run: Ray's in a run, a fake in a unit test), a tokenizer and, optionally, the HTTP client factory and
 weight transports, and wires:
 
-* the engine states (``rollout.pool``) whose transitions are recorded as events and told to the dispatcher;
+* the engine states (``rollout.pool.engine_pool``) whose transitions are recorded as events and told to the dispatcher;
 * the ``WeightSync`` and the ``EngineFleet`` as siblings: the fleet brings engines up through their first sync
   and fails the ones whose load fails, the sync reaches engines through the fleet's clients;
-* the dispatcher (``rollout.dispatcher``), which holds a request while its engine loads weights;
-* the scale executor and the control API (``rollout.executor``, ``rollout.control``);
-* the generation loop (``rollout.generation_loop``) that fills the buffer through the dispatcher.
+* the dispatcher (``rollout.dispatch.dispatcher``), which holds a request while its engine loads weights;
+* the scale executor and the control API (``rollout.fleet.executor``, ``rollout.control.rollout_control``);
+* the generation loop (``rollout.dispatch.generation_loop``) that fills the buffer through the dispatcher.
 
 ``rollout.manager.RolloutManager`` is only the Ray face over what this returns.
 """
@@ -24,22 +24,22 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from relax.rollout.broadcast import BroadcastTransport
-from relax.rollout.control import RolloutControl
-from relax.rollout.disk_transports import ExternalDiskTransport, ObjectStoreTransport
-from relax.rollout.dispatcher import Dispatcher
-from relax.rollout.events import EventKind, EventLog, transition_recorder
-from relax.rollout.executor import ScaleExecutor
-from relax.rollout.fleet import EngineFleet, EngineHTTP
-from relax.rollout.generation_loop import GenerationLoop
-from relax.rollout.launcher import EngineLauncher
-from relax.rollout.pool import EnginePool, EngineRecord, EngineState
-from relax.rollout.refit import Verification, VerifyResult
-from relax.rollout.router import RetryPolicy, Router
-from relax.rollout.run_status import RunStatus
+from relax.rollout.control.rollout_control import RolloutControl
+from relax.rollout.control.run_status import RunStatus
+from relax.rollout.dispatch.dispatcher import Dispatcher
+from relax.rollout.dispatch.generation_loop import GenerationLoop
+from relax.rollout.fleet.engine_fleet import EngineFleet, EngineHTTP
+from relax.rollout.fleet.executor import ScaleExecutor
+from relax.rollout.pool.engine_pool import EnginePool, EngineRecord, EngineState
+from relax.rollout.pool.events import EventKind, EventLog, transition_recorder
+from relax.rollout.pool.launcher import EngineLauncher
+from relax.rollout.refit.broadcast import BroadcastTransport
+from relax.rollout.refit.disk_transports import ExternalDiskTransport, ObjectStoreTransport
+from relax.rollout.refit.rules import Verification, VerifyResult
+from relax.rollout.refit.transport import TransportKind, WeightTransport
+from relax.rollout.refit.weight_sync import WeightSync
+from relax.rollout.routing.router import RetryPolicy, Router
 from relax.rollout.settings import FleetSettings, RolloutSettings
-from relax.rollout.weight_sync import WeightSync
-from relax.rollout.weight_transport import TransportKind, WeightTransport
 from relax.weights.publication import WeightRegistry
 
 ClientFactory = Callable[[str, float, Any], EngineHTTP]
@@ -62,7 +62,7 @@ class Rollout:
     control: RolloutControl
 
     def run_status(self, training: Mapping[str, Any]) -> RunStatus:
-        """One snapshot of the run (``rollout.run_status``); ``training``: the driver's last step report."""
+        """One snapshot of the run (``rollout.control.run_status``); ``training``: the driver's last step report."""
         sync, fleet = self.weight_sync, self.fleet
         join = fleet.joins.latest_answered()
         if join is not None and join.decision_to_first_answer_s is None:
@@ -99,7 +99,7 @@ class Rollout:
 
 
 def standard_transports(launcher: EngineLauncher, settings: FleetSettings) -> dict[TransportKind, WeightTransport]:
-    """One transport per path (``rollout.weight_transport``), all pausing the engine the same way."""
+    """One transport per path (``rollout.refit.transport``), all pausing the engine the same way."""
     pause = settings.weight_sync_pause_mode
     return {TransportKind.BROADCAST: BroadcastTransport(settings.broadcast, pause),
             TransportKind.OBJECT_STORE: ObjectStoreTransport(launcher, pause),

@@ -3,11 +3,11 @@
 The rollout itself is assembled without Ray by ``rollout.assembly.build_rollout`` (engine states, routing,
 fleet, weight sync, dispatch, scaling, the generation loop); this actor adds what needs Ray: the engine
 launcher (engines as Ray actors in placement groups, an eviction notice calling back here), Ray's drain
-notices, and object references for the samples it hands to the trainer ranks (``rollout.handoff``). Every
+notices, and object references for the samples it hands to the trainer ranks (``rollout.dispatch.handoff``). Every
 method is a thin relay over one part. Start it with :func:`spawn_rollout_manager`.
 
 Its control API (``engines_view``, ``scale_out``, ``scale_in``, ``events``, ``relax_status``...) returns
-plain values and raises the typed errors of ``rollout.scaling``; ``rollout.manager_client`` is the one
+plain values and raises the typed errors of ``rollout.scaling``; ``rollout.control.manager_client`` is the one
 client for it (docs/architecture.md, "Processes and actors").
 """
 
@@ -26,12 +26,12 @@ from relax.engines.keys import EngineKeys, engine_keys
 from relax.engines.sglang import SGLangOptions
 from relax.logs import setup_logging
 from relax.rollout.assembly import Rollout, build_rollout
-from relax.rollout.broadcast import RayWeightSource
-from relax.rollout.dispatcher import SampleLostError
-from relax.rollout.events import EventKind
-from relax.rollout.generator import Generation
-from relax.rollout.handoff import hand_off
-from relax.rollout.launcher import RayEngineLauncher, resolve_backend, resolve_engine_host
+from relax.rollout.dispatch.dispatcher import SampleLostError
+from relax.rollout.dispatch.generator import Generation
+from relax.rollout.dispatch.handoff import hand_off
+from relax.rollout.pool.events import EventKind
+from relax.rollout.pool.launcher import RayEngineLauncher, resolve_backend, resolve_engine_host
+from relax.rollout.refit.broadcast import RayWeightSource
 from relax.rollout.scaling import ScaleInSpec, ScaleOutSpec
 from relax.rollout.settings import RolloutSettings
 from relax.training.sharding import BatchPlan
@@ -146,7 +146,8 @@ class RolloutManager:
     async def verify_engine(self, engine_id: str) -> dict[str, Any]:
         """Check an ACTIVE engine's served weights against its version's publication now (``--verify-weights``
         applies to loads; this is the check on demand). A mismatch reloads the version once; a second one fails
-        the engine. Returns the check (``rollout.refit.Verification``). Also ``POST /rollout/engines/{id}/verify``."""
+        the engine. Returns the check
+        (``rollout.refit.rules.Verification``). Also ``POST /rollout/engines/{id}/verify``."""
         return await self.rollout.control.verify_engine(engine_id)
 
     async def wait_weights(self, version: int, timeout: float = 120.0) -> bool:
@@ -160,7 +161,7 @@ class RolloutManager:
 
     # ------------------------------------------------------------------ dispatch
     async def generate(self, group_key: str, input_ids: list[int], sampling_params: dict[str, Any]) -> Generation:
-        """One generation on an ACTIVE engine (``rollout.dispatcher``); for callers outside the actor."""
+        """One generation on an ACTIVE engine (``rollout.dispatch.dispatcher``); for callers outside the actor."""
         return await self.rollout.dispatcher.generate(group_key, input_ids, sampling_params)
 
     async def generate_batch(self, requests: list[tuple[str, list[int], dict[str, Any]]],
@@ -191,7 +192,7 @@ class RolloutManager:
                         report: dict[str, Any] | None = None, record_samples: bool = False) -> dict[str, Any]:
         """The driver's one call per step: record the previous step's training figures (``report``), wait for
         rollout step ``step`` and hand its samples to the trainer ranks as one object reference per rank
-        (``rollout.handoff``). Answers the references, the step's metrics and records, and the run status."""
+        (``rollout.dispatch.handoff``). Answers the references, the step's metrics and records, and the run status."""
         import ray
 
         if report is not None:
@@ -225,7 +226,7 @@ class RolloutManager:
         return dict(await self.rollout.fleet.engine_info(engine_id))
 
     async def status(self) -> dict[str, Any]:
-        """The run's snapshot (``rollout.run_status``): what ``relax_status`` and ``/metrics`` read too."""
+        """The run's snapshot (``rollout.control.run_status``): what ``relax_status`` and ``/metrics`` read too."""
         return self._run_status()
 
     def _run_status(self) -> dict[str, Any]:

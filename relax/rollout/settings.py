@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 
 from relax.config.flags import PartialSuccessPolicy, UnfinishedRequests
 from relax.config.verify_weights import VerifyPolicy
-from relax.rollout.eviction import EvictionSettings
 from relax.weights.pause_mode import PauseMode
 
 if TYPE_CHECKING:
@@ -70,8 +69,16 @@ class DataSettings:
 
 
 @dataclass(frozen=True)
+class EvictionSettings:
+    """Budgets of evictions from Ray's drain notices (``rollout.fleet.eviction``)."""
+
+    margin_s: float = 5.0  # kept back from the deadline for stopping the server and removing the group
+    default_budget_s: float = 30.0  # when the notice has no deadline (Ray's own default drain timeout)
+
+
+@dataclass(frozen=True)
 class LaunchSettings:
-    """How the run's own engines are started (``rollout.launcher``); attached engines ignore it."""
+    """How the run's own engines are started (``rollout.pool.launcher``); attached engines ignore it."""
 
     backend: str = "auto"
     max_running_requests: int = 64
@@ -95,7 +102,7 @@ class BroadcastSettings:
 
 @dataclass(frozen=True)
 class FleetSettings:
-    """The engines and their lifecycle: model, sizes, timeouts, keys, weight loads (``rollout.fleet``)."""
+    """The engines and their lifecycle: model, sizes, timeouts, keys, weight loads (``rollout.fleet.engine_fleet``)."""
 
     model_path: str = ""
     gpus_per_engine: int = 1
@@ -107,7 +114,7 @@ class FleetSettings:
     shutdown_timeout_s: float = 30.0
     #: How an engine is paused around each weight load.
     weight_sync_pause_mode: PauseMode = PauseMode.RETRACT
-    #: After which loads an engine's served weights are checked against the publication (``rollout.refit``).
+    #: After which loads an engine's served weights are checked against the publication (``rollout.refit.rules``).
     verify_weights: VerifyPolicy = VerifyPolicy.FIRST
     #: An engine started after a broadcast publication starts with random weights (no checkpoint read) and is
     #: routed only once its first refit is verified (``--joiner-weights``).
@@ -131,12 +138,12 @@ class FleetSettings:
 
 @dataclass(frozen=True)
 class DispatchSettings:
-    """How one generation is sent and what happens when its engine fails or leaves (``rollout.dispatcher``)."""
+    """How one generation is sent and what happens when its engine fails or leaves (``rollout.dispatch.dispatcher``)."""
 
     max_attempts: int = 4
     migrate: bool = True  # continue interrupted generations from their prefix (False: start them again)
     stream: bool = True  # hold every generation's prefix, so it survives its engine dying without notice
-    stream_interval: int = 8  # tokens per chunk at least (``rollout.dispatch.stream_interval``; SGLang's
+    stream_interval: int = 8  # tokens per chunk at least (``rollout.dispatch.journey.stream_interval``; SGLang's
     # per-request ``sampling_params.stream_interval``)
     stream_min_tokens: int = 64  # budgets up to this many tokens are sent unstreamed (a crash regenerates them)
     # Facts of the model, filled in when the rollout is built (``rollout.assembly``), not knobs:

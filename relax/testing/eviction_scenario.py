@@ -19,7 +19,7 @@ engine in the middle of long responses. Modes:
   DRAINING with ``RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S`` = the deadline, as on a pod deletion;
 * ``crash``: no notice at all: once the engine is half-way through its (long) responses, its server's process
   group is SIGKILLed, as the OOM killer or a GPU fault ends it. What survives is what the manager held of each
-  stream (``relax.rollout.dispatcher``); ``tokens_kept_fraction`` is then the share of the tokens the engine had
+  stream (``rollout.dispatch.dispatcher``); ``tokens_kept_fraction`` is then the share of the tokens the engine had
   generated before the kill that the samples kept.
 
 Run ``python -m relax.testing.eviction_scenario --modes migrate --json`` (one JSON line per mode, last).

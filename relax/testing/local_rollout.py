@@ -1,8 +1,8 @@
 """LocalRollout: a run's control API in-process, with the real executor and simulated engines.
 
-Real rules, fake engines: requests go through the real :class:`~relax.rollout.executor.ScaleExecutor`
+Real rules, fake engines: requests go through the real :class:`~relax.rollout.fleet.executor.ScaleExecutor`
 (planners, registry, partial-success policy, sticky cancel, drains) and the real
-:class:`~relax.rollout.pool.EnginePool` lifecycle, exactly as in the RolloutManager; only the work of each
+:class:`~relax.rollout.pool.engine_pool.EnginePool` lifecycle, exactly as in the RolloutManager; only the work of each
 engine phase (placement, process start, health, weight sync, drain, shutdown) is a pause of
 ``step_delay_s``. ``paused`` freezes every engine between two phases, which is how a test holds a scale
 operation open to see a 409 or a cancel. URLs in ``unreachable_urls`` fail their health check.
@@ -19,10 +19,10 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from relax.config.flags import PartialSuccessPolicy
-from relax.rollout.control import RolloutControl
-from relax.rollout.events import EventLog, transition_recorder
-from relax.rollout.executor import ScaleExecutor
-from relax.rollout.pool import EngineKind, EnginePool, EngineRecord, EngineState
+from relax.rollout.control.rollout_control import RolloutControl
+from relax.rollout.fleet.executor import ScaleExecutor
+from relax.rollout.pool.engine_pool import EngineKind, EnginePool, EngineRecord, EngineState
+from relax.rollout.pool.events import EventLog, transition_recorder
 from relax.rollout.scaling import ScaleRequestRegistry
 from relax.rollout.settings import ScalingSettings
 
@@ -30,7 +30,7 @@ _BRING_UP = (EngineState.STARTING, EngineState.HEALTH_CHECKING, EngineState.WEIG
 
 
 class SteppedFleet:
-    """A :class:`~relax.rollout.executor.ScaleFleet` whose engines take one ``step_delay_s`` per phase."""
+    """A :class:`~relax.rollout.fleet.executor.ScaleFleet` whose engines take one ``step_delay_s`` per phase."""
 
     def __init__(self, pool: EnginePool, *, step_delay_s: float = 0.0, unreachable_urls: Iterable[str] = (),
                  clock: Callable[[], float] = time.monotonic) -> None:

@@ -2,7 +2,7 @@
 ranks, the global loss denominator, and the checks a batch passes before any rank sees it.
 
 Torch-free on purpose: the rollout manager cuts the batch when it hands samples to the ranks by reference
-(``rollout.handoff``), and its process does not import torch (``tests/unit/test_manager_imports.py``).
+(``rollout.dispatch.handoff``), and its process does not import torch (``tests/unit/test_manager_imports.py``).
 The partial losses of the micro-batches, each divided by the *global* ``loss_denominator``, add up to the loss
 of the whole batch (``training.batching`` makes the tensors).
 """

@@ -1,7 +1,7 @@
 """An engine's server SIGKILLed mid-generation while the tiny run trains: no notice, nothing lost.
 
 What a crash without notice (OOM killer, a GPU fault) does to a run: the engine's streams break; each of its
-requests continues on the surviving engine from the last chunk the manager held (``relax.rollout.dispatcher``);
+requests continues on the surviving engine from the last chunk the manager held (``relax.rollout.dispatch.dispatcher``);
 the dead initial engine is replaced in its own bundle. The rollout temperature is high so that the tiny model's
 responses run to the length limit (it would otherwise answer in 4 tokens): long generations, as in the recipe.
 

@@ -13,8 +13,8 @@ import ray
 from prometheus_client.parser import text_string_to_metric_families
 from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 
-from relax.rollout.api import status_of
-from relax.rollout.api_models import InvalidBody, ScaleInBody, ScaleOutBody, parse_body
+from relax.rollout.control.api import status_of
+from relax.rollout.control.api_models import InvalidBody, ScaleInBody, ScaleOutBody, parse_body
 from relax.rollout.manager import spawn_rollout_manager
 from relax.rollout.settings import (
     DataSettings,

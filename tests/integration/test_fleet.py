@@ -19,13 +19,13 @@ from safetensors.torch import load_file
 
 from relax.engines.client import EngineClient
 from relax.rollout.assembly import build_fleet
-from relax.rollout.broadcast import ThreadWeightSource
-from relax.rollout.events import EventLog, transition_recorder
-from relax.rollout.executor import ScaleExecutor
-from relax.rollout.fleet import EngineFleet
-from relax.rollout.launcher import EngineSlot
-from relax.rollout.pool import EngineKind, EnginePool, EngineState
-from relax.rollout.router import Router
+from relax.rollout.fleet.engine_fleet import EngineFleet
+from relax.rollout.fleet.executor import ScaleExecutor
+from relax.rollout.pool.engine_pool import EngineKind, EnginePool, EngineState
+from relax.rollout.pool.events import EventLog, transition_recorder
+from relax.rollout.pool.launcher import EngineSlot
+from relax.rollout.refit.broadcast import ThreadWeightSource
+from relax.rollout.routing.router import Router
 from relax.rollout.scaling import ScaleInSpec, ScaleOutSpec
 from relax.rollout.settings import FleetSettings, ScalingSettings
 from relax.training.sender import WeightSender

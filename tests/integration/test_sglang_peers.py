@@ -25,7 +25,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from relax.engines.client import EngineClient
-from relax.rollout.broadcast import ThreadWeightSource, close_group, open_group, send_version
+from relax.rollout.refit.broadcast import ThreadWeightSource, close_group, open_group, send_version
 from relax.rollout.settings import BroadcastSettings
 from relax.training.sender import WeightSender
 from tests.peers.sglang_trainer import SGLangStyleTrainer

@@ -26,7 +26,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 
 from relax.cluster.network import free_port, free_ports
 from relax.rollout.manager import spawn_rollout_manager
-from relax.rollout.router_mirror import SGLangRouterMirror, canonical_url
+from relax.rollout.routing.router_mirror import SGLangRouterMirror, canonical_url
 from relax.rollout.scaling import ScaleInSpec, ScaleOutSpec
 from relax.rollout.settings import (
     DataSettings,

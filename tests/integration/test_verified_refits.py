@@ -1,5 +1,5 @@
 """A refit is verified on real built-in engines: weights changed behind Relax's back are caught, repaired or
-replaced, and nothing is generated on them after the check (``rollout.refit``, ``WeightSync``).
+replaced, and nothing is generated on them after the check (``rollout.refit.rules``, ``WeightSync``).
 
 The fleet runs as in ``test_fleet`` (real engine processes, real HTTP, the real broadcast from a real
 ``WeightSender``; the launcher port starts local processes instead of actors). The engines' ``/weights_checker``
@@ -21,12 +21,12 @@ import pytest
 from relax.config.verify_weights import VerifyPolicy
 from relax.engines.client import EngineClient, WeightsUncheckable
 from relax.rollout.assembly import build_fleet
-from relax.rollout.broadcast import ThreadWeightSource
-from relax.rollout.events import EventLog, transition_recorder
-from relax.rollout.fleet import EngineFleet
-from relax.rollout.pool import EngineKind, EnginePool, EngineState
-from relax.rollout.refit import VerifyResult
-from relax.rollout.router import Router
+from relax.rollout.fleet.engine_fleet import EngineFleet
+from relax.rollout.pool.engine_pool import EngineKind, EnginePool, EngineState
+from relax.rollout.pool.events import EventLog, transition_recorder
+from relax.rollout.refit.broadcast import ThreadWeightSource
+from relax.rollout.refit.rules import VerifyResult
+from relax.rollout.routing.router import Router
 from relax.rollout.settings import FleetSettings
 from relax.training.sender import WeightSender
 from relax.weights.digest import layout_checksums, version_digest

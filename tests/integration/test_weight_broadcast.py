@@ -1,6 +1,6 @@
 """Broadcast weight updates against a real built-in engine: SGLang's distributed protocol over gloo.
 
-A trainer-side ``WeightSender`` (the code rank 0 runs) and the rollout side's ``rollout.broadcast`` drive a
+A trainer-side ``WeightSender`` (the code rank 0 runs) and the rollout side's ``rollout.refit.broadcast`` drive a
 real engine subprocess over loopback HTTP; the engine joins a real gloo group and receives the buckets.
 """
 
@@ -17,14 +17,14 @@ import torch
 from transformers import AutoTokenizer
 
 from relax.engines.client import EngineClient, EngineError
-from relax.rollout.broadcast import (
+from relax.rollout.refit.broadcast import (
     BroadcastSettings,
     ThreadWeightSource,
     close_group,
     open_group,
     send_version,
 )
-from relax.rollout.weight_transport import VersionSuperseded
+from relax.rollout.refit.transport import VersionSuperseded
 from relax.training.sender import WeightSender
 from relax.weights.group import host_rendezvous
 from tests.integration.test_builtin_engine import teacher_forced_logprobs

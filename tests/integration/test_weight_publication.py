@@ -130,7 +130,7 @@ def test_publication_under_load_pauses_only_for_the_load_and_loses_nothing(stack
     """Pause -> load -> continue under continuous generation: every request answered once and in full, no
     engine FAILED, the pause lasts about the load, and a request that crossed the load counts as its
     oldest version (SGLang reports the newest plus spans)."""
-    from relax.rollout.generator import sample_version
+    from relax.rollout.dispatch.generator import sample_version
 
     manager, trainer = stack
     path = "broadcast"

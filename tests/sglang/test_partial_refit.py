@@ -20,11 +20,11 @@ from safetensors.torch import load_file
 
 from relax.engines.keys import engine_keys
 from relax.rollout.assembly import build_fleet
-from relax.rollout.broadcast import ThreadWeightSource
-from relax.rollout.events import EventLog
-from relax.rollout.launcher import EngineSlot
-from relax.rollout.pool import EnginePool, EngineState
-from relax.rollout.router import Router
+from relax.rollout.pool.engine_pool import EnginePool, EngineState
+from relax.rollout.pool.events import EventLog
+from relax.rollout.pool.launcher import EngineSlot
+from relax.rollout.refit.broadcast import ThreadWeightSource
+from relax.rollout.routing.router import Router
 from relax.rollout.settings import BroadcastSettings, FleetSettings
 from relax.training.sender import WeightSender
 from relax.weights.digest import checksum_mismatches, sglang_checksums

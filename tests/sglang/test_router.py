@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 
 from relax.engines.keys import EngineKeys
-from relax.rollout.router_mirror import SGLangRouterMirror, canonical_url
+from relax.rollout.routing.router_mirror import SGLangRouterMirror, canonical_url
 from tests.integration.test_sglang_router_mirror import RouterProcess
 
 

@@ -21,11 +21,11 @@ from safetensors.torch import load_file
 from relax.config.verify_weights import VerifyPolicy
 from relax.engines.keys import EngineKeys
 from relax.rollout.assembly import build_fleet
-from relax.rollout.broadcast import ThreadWeightSource
-from relax.rollout.events import EventLog
-from relax.rollout.pool import EnginePool, EngineState
-from relax.rollout.refit import VerifyResult
-from relax.rollout.router import Router
+from relax.rollout.pool.engine_pool import EnginePool, EngineState
+from relax.rollout.pool.events import EventLog
+from relax.rollout.refit.broadcast import ThreadWeightSource
+from relax.rollout.refit.rules import VerifyResult
+from relax.rollout.routing.router import Router
 from relax.rollout.settings import BroadcastSettings, FleetSettings
 from relax.training.sender import WeightSender
 from relax.weights.digest import sglang_checksums, version_digest

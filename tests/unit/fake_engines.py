@@ -7,7 +7,7 @@ import asyncio
 from typing import Any
 
 from relax.engines.client import EngineError, EngineUnavailable
-from relax.rollout.launcher import EngineSlot
+from relax.rollout.pool.launcher import EngineSlot
 
 EOS = 0
 

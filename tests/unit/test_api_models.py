@@ -12,7 +12,7 @@ import pytest
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
-from relax.rollout.api_models import (
+from relax.rollout.control.api_models import (
     DEFAULT_MODEL,
     MAX_REPLICAS,
     CancelBatchBody,
@@ -28,8 +28,8 @@ from relax.rollout.api_models import (
     normalize_engine_url,
     parse_body,
 )
-from relax.rollout.engine_url import normalize_engine_url as pure_normalize_engine_url
-from relax.rollout.pool import EngineKind, EnginePool, EngineState
+from relax.rollout.pool.engine_pool import EngineKind, EnginePool, EngineState
+from relax.rollout.pool.engine_url import normalize_engine_url as pure_normalize_engine_url
 from relax.rollout.scaling import (
     IllegalRequestTransition,
     NotCancellable,

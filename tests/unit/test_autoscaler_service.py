@@ -34,7 +34,7 @@ from relax.autoscaler.service import (
     start_autoscaler,
     strict_json,
 )
-from relax.rollout.api import create_app
+from relax.rollout.control.api import create_app
 from relax.rollout.scaling import (
     RejectedRequest,
     ScaleConflict,
@@ -752,7 +752,7 @@ class _Handle:
 
 
 async def test_the_manager_client_is_the_autoscalers_backend() -> None:
-    from relax.rollout.manager_client import ManagerClient, ManagerTimeout
+    from relax.rollout.control.manager_client import ManagerClient, ManagerTimeout
 
     handle = _Handle()
     backend = ManagerClient(handle)

@@ -1,4 +1,4 @@
-"""An engine's bring-up phase by phase (``rollout.bringup``), and the words a stopped bring-up is reported with.
+"""An engine's bring-up phase by phase (``rollout.fleet.bringup``), and the words a stopped bring-up is reported with.
 
 The log's rules on an injected clock, in milliseconds; then the fleet over fake engines (no Ray): the phases it
 records for a real start, and the three causes the soak found reported as a timeout — the run's shutdown, the
@@ -15,15 +15,15 @@ from typing import Any
 import pytest
 
 from relax.rollout.assembly import build_fleet
-from relax.rollout.bringup import BUCKETS_S, BringUpLog, Phase, stop_reason
-from relax.rollout.events import EventKind, EventLog
-from relax.rollout.fleet import EngineFleet
-from relax.rollout.launcher import EngineSlot
-from relax.rollout.pool import EngineKind, EnginePool, EngineState
-from relax.rollout.relax_metrics import render_metrics
-from relax.rollout.router import Router
+from relax.rollout.control.relax_metrics import render_metrics
+from relax.rollout.fleet.bringup import BUCKETS_S, BringUpLog, Phase, stop_reason
+from relax.rollout.fleet.engine_fleet import EngineFleet
+from relax.rollout.pool.engine_pool import EngineKind, EnginePool, EngineState
+from relax.rollout.pool.events import EventKind, EventLog
+from relax.rollout.pool.launcher import EngineSlot
+from relax.rollout.refit.transport import TransportKind
+from relax.rollout.routing.router import Router
 from relax.rollout.settings import FleetSettings
-from relax.rollout.weight_transport import TransportKind
 from relax.weights.publication import WeightRegistry
 from tests.unit.fake_engines import Client, Launcher, Transport
 

@@ -1,4 +1,4 @@
-"""The two sides of a weight-group collective (``relax.rollout.broadcast._together``): the first failure or the
+"""The two sides of a weight-group collective (``relax.rollout.refit.broadcast._together``): the first failure or the
 deadline ends both, and no outcome is left for asyncio to report as "never retrieved"."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from relax.rollout.broadcast import _together
+from relax.rollout.refit.broadcast import _together
 
 
 async def _unretrieved(body: Any) -> list[dict[str, Any]]:

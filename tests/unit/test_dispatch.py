@@ -1,4 +1,4 @@
-"""The dispatcher's rules (``rollout.dispatch``) and its shell (``rollout.dispatcher``) without an engine.
+"""The dispatcher's rules (``rollout.dispatch.journey``) and its shell (``rollout.dispatch.dispatcher``), no engine.
 
 The rules in milliseconds: answers, aborts and crashes with and without a prefix, what a crashed engine's
 prefix is trusted with, retries and losses, the accounting. The shell with scripted clients over the real
@@ -16,10 +16,10 @@ import pytest
 
 from relax.engines.client import EngineUnavailable
 from relax.engines.event_stream import EventStream
-from relax.rollout.dispatch import MAX_CHUNKS, Action, RequestJourney, stream_interval
-from relax.rollout.dispatcher import Dispatcher, SampleLostError
-from relax.rollout.pool import EngineKind, EnginePool, EngineState
-from relax.rollout.router import FailureKind, RetryPolicy, Router
+from relax.rollout.dispatch.dispatcher import Dispatcher, SampleLostError
+from relax.rollout.dispatch.journey import MAX_CHUNKS, Action, RequestJourney, stream_interval
+from relax.rollout.pool.engine_pool import EngineKind, EnginePool, EngineState
+from relax.rollout.routing.router import FailureKind, RetryPolicy, Router
 from relax.rollout.settings import DispatchSettings
 
 PROMPT = [10, 11, 12]

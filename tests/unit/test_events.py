@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from relax.rollout.events import Event, EventKind, EventLog
-from relax.rollout.pool import EngineKind, EnginePool, EngineState
+from relax.rollout.pool.engine_pool import EngineKind, EnginePool, EngineState
+from relax.rollout.pool.events import Event, EventKind, EventLog
 
 
 class FakeClock:

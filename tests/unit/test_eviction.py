@@ -1,8 +1,9 @@
-"""Evictions planned from Ray's drain notices (relax.rollout.eviction)."""
+"""Evictions planned from Ray's drain notices (relax.rollout.fleet.eviction)."""
 
 from __future__ import annotations
 
-from relax.rollout.eviction import EvictionSettings, plan_evictions
+from relax.rollout.fleet.eviction import plan_evictions
+from relax.rollout.settings import EvictionSettings
 
 S = EvictionSettings(margin_s=5.0, default_budget_s=30.0)
 

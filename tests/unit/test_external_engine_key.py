@@ -16,10 +16,10 @@ from fastapi import FastAPI, Request
 from relax.engines.keys import engine_keys
 from relax.engines.sglang import external_engine_key
 from relax.rollout.assembly import build_fleet
-from relax.rollout.events import EventLog
-from relax.rollout.launcher import EngineSlot
-from relax.rollout.pool import EngineKind, EnginePool, EngineState
-from relax.rollout.router import Router
+from relax.rollout.pool.engine_pool import EngineKind, EnginePool, EngineState
+from relax.rollout.pool.events import EventLog
+from relax.rollout.pool.launcher import EngineSlot
+from relax.rollout.routing.router import Router
 from relax.rollout.settings import FleetSettings
 from relax.weights.publication import WeightRegistry
 from tests.loopback import LoopbackServer

@@ -11,16 +11,16 @@ from typing import Any
 
 import pytest
 
-from relax.rollout import fleet as fleet_module
 from relax.rollout.assembly import build_fleet
-from relax.rollout.events import EventKind, EventLog
-from relax.rollout.eviction import plan_evictions
-from relax.rollout.fleet import EngineFleet
-from relax.rollout.launcher import EngineSlot
-from relax.rollout.pool import EnginePool, EngineState
-from relax.rollout.router import Router
+from relax.rollout.fleet import engine_fleet as fleet_module
+from relax.rollout.fleet.engine_fleet import EngineFleet
+from relax.rollout.fleet.eviction import plan_evictions
+from relax.rollout.pool.engine_pool import EnginePool, EngineState
+from relax.rollout.pool.events import EventKind, EventLog
+from relax.rollout.pool.launcher import EngineSlot
+from relax.rollout.refit.transport import TransportKind
+from relax.rollout.routing.router import Router
 from relax.rollout.settings import FleetSettings
-from relax.rollout.weight_transport import TransportKind
 from relax.weights.publication import WeightRegistry
 from tests.unit.fake_engines import Client, Launcher, Transport
 

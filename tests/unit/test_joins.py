@@ -1,8 +1,8 @@
-"""relax.rollout.joins: decision -> ACTIVE -> first answer, closed once, the newest answered one reported."""
+"""relax.rollout.fleet.joins: decision -> ACTIVE -> first answer, closed once, the newest answered one reported."""
 
 from __future__ import annotations
 
-from relax.rollout.joins import JoinLog
+from relax.rollout.fleet.joins import JoinLog
 
 
 class Clock:

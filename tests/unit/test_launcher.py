@@ -452,11 +452,11 @@ def test_launch_spec_repr_masks_the_api_key() -> None:
     assert "s3cret" not in repr(spec) and "***" in repr(spec)
 
 
-# -- which backend `auto` means (relax.rollout.launcher) ------------------------------------------------
+# -- which backend `auto` means (relax.rollout.pool.launcher) ------------------------------------------------
 
 
 def test_auto_means_sglang_on_cuda_engines_and_builtin_elsewhere() -> None:
-    from relax.rollout.launcher import resolve_backend
+    from relax.rollout.pool.launcher import resolve_backend
 
     assert resolve_backend("auto", engines_have_cuda=True) == "sglang"
     assert resolve_backend("auto", engines_have_cuda=False) == "builtin"
@@ -468,7 +468,7 @@ def test_auto_on_this_cpu_machine_is_the_builtin_engine() -> None:
     # The CPU test suite runs with Ray's logical GPUs: they are not CUDA devices, so `auto` stays builtin.
     import torch
 
-    from relax.rollout.launcher import engine_node_facts, resolve_backend
+    from relax.rollout.pool.launcher import engine_node_facts, resolve_backend
 
     assert not torch.cuda.is_available()
     assert resolve_backend("auto") == "builtin"
@@ -484,7 +484,7 @@ def _fake_python(tmp_path: Path, body: str) -> Path:
 
 
 def test_sglang_on_a_node_without_it_is_one_line_naming_the_interpreter_and_the_fixes(tmp_path: Path) -> None:
-    from relax.rollout.launcher import engine_node_facts
+    from relax.rollout.pool.launcher import engine_node_facts
 
     python = _fake_python(tmp_path, 'echo "importlib.metadata.PackageNotFoundError: sglang" >&2; exit 1')
     facts = engine_node_facts("sglang", str(python))
@@ -496,7 +496,7 @@ def test_sglang_on_a_node_without_it_is_one_line_naming_the_interpreter_and_the_
 
 
 def test_sglang_on_a_node_with_it_reports_its_version(tmp_path: Path) -> None:
-    from relax.rollout.launcher import engine_node_facts
+    from relax.rollout.pool.launcher import engine_node_facts
 
     python = _fake_python(tmp_path, 'echo "0.5.23"')
     facts = engine_node_facts("sglang", str(python))

@@ -1,12 +1,12 @@
-"""Stitching rules of migrated generations (relax.rollout.migration)."""
+"""Stitching rules of migrated generations (relax.rollout.dispatch.migration)."""
 
 from __future__ import annotations
 
 import pytest
 
 from relax.data.sample import Sample  # noqa: F401 - the shape the stitched answer feeds
-from relax.rollout.generator import sample_version
-from relax.rollout.migration import Next, Segment, continue_after, stitch
+from relax.rollout.dispatch.generator import sample_version
+from relax.rollout.dispatch.migration import Next, Segment, continue_after, stitch
 
 EOS = 2
 PROMPT = (10, 11, 12)

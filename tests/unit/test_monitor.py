@@ -47,7 +47,7 @@ from relax.autoscaler.policy import CONDITION_LABELS, SCALE_IN_CONDITIONS, SCALE
 from relax.autoscaler.routes import autoscaler_router
 from relax.autoscaler.service import AutoscalerService
 from relax.cluster.network import free_port
-from relax.rollout.api import create_app
+from relax.rollout.control.api import create_app
 from tests.local_manager import LocalManager
 from tests.loopback import LoopbackServer
 

@@ -11,7 +11,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from relax.pace import BURST, MAX_WAIT_S, RATE_PER_S, Pace, PaceAnonymous, next_turn
-from relax.rollout.api import create_app
+from relax.rollout.control.api import create_app
 
 # ---------------------------------------------------------------------- the rule
 

@@ -10,7 +10,7 @@ import pickle
 
 import pytest
 
-from relax.rollout.pool import (
+from relax.rollout.pool.engine_pool import (
     EngineKind,
     EnginePool,
     EngineRecord,

@@ -13,8 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
-from relax.rollout.api import create_app
-from relax.rollout.prometheus_sd import sd_groups, sd_target
+from relax.rollout.control.api import create_app
+from relax.rollout.control.prometheus_sd import sd_groups, sd_target
 
 TOKEN = "sd-token"
 
@@ -138,7 +138,7 @@ async def test_sd_needs_the_token_metrics_does_not(backend):
 
 
 async def test_sd_answers_503_when_the_manager_is_unreachable(backend):
-    from relax.rollout.manager_client import ManagerUnavailable
+    from relax.rollout.control.manager_client import ManagerUnavailable
 
     async def unreachable(model_name: str | None = None) -> dict[str, Any]:
         raise ManagerUnavailable("rollout manager is gone")

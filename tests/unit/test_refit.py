@@ -1,4 +1,4 @@
-"""A refit as a transaction (``rollout.refit`` and ``WeightSync``'s use of it), with a fake engine: no process.
+"""A refit as a transaction (``rollout.refit.rules`` and ``WeightSync``'s use of it), with a fake engine: no process.
 
 The engine here is a dict of checksums: a load copies the publication's in (unless the test corrupts it), and
 ``weights_checksums`` answers what it holds, as ``/weights_checker`` does.
@@ -15,8 +15,8 @@ import pytest
 
 from relax.config.verify_weights import VerifyPolicy
 from relax.engines.client import WeightsUncheckable
-from relax.rollout.pool import EngineKind, EnginePool, EngineState
-from relax.rollout.refit import (
+from relax.rollout.pool.engine_pool import EngineKind, EnginePool, EngineState
+from relax.rollout.refit.rules import (
     EngineWeights,
     RefitStep,
     Verification,
@@ -26,8 +26,8 @@ from relax.rollout.refit import (
     plan_refit,
     should_verify,
 )
-from relax.rollout.weight_sync import WeightSync
-from relax.rollout.weight_transport import TransportKind
+from relax.rollout.refit.transport import TransportKind
+from relax.rollout.refit.weight_sync import WeightSync
 from relax.weights.digest import version_digest
 from relax.weights.publication import WeightConflict, WeightManifest, WeightRegistry
 

@@ -17,8 +17,8 @@ import pytest
 from fastapi import APIRouter
 from prometheus_client.parser import text_string_to_metric_families
 
-from relax.rollout.api import create_app, status_of
-from relax.rollout.api_models import (
+from relax.rollout.control.api import create_app, status_of
+from relax.rollout.control.api_models import (
     CancelBatchResponse,
     EngineDetailView,
     EnginesResponse,
@@ -28,10 +28,10 @@ from relax.rollout.api_models import (
     ScaleNoop,
     ScaleOutRequestView,
 )
-from relax.rollout.control_plane import ControlPlane
-from relax.rollout.manager_client import ManagerClient, ManagerInternalError, ManagerTimeout, ManagerUnavailable
-from relax.rollout.pool import EngineState
-from relax.rollout.relax_metrics import render_metrics
+from relax.rollout.control.control_plane import ControlPlane
+from relax.rollout.control.manager_client import ManagerClient, ManagerInternalError, ManagerTimeout, ManagerUnavailable
+from relax.rollout.control.relax_metrics import render_metrics
+from relax.rollout.pool.engine_pool import EngineState
 from relax.rollout.scaling import NotCancellable, RejectedRequest, ScaleConflict, UnknownModel, UnknownRequest
 from relax.testing.local_rollout import LocalRollout
 

@@ -16,10 +16,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from relax.rollout.assembly import Rollout, build_rollout
-from relax.rollout.pool import EngineState
-from relax.rollout.relax_metrics import render_metrics
+from relax.rollout.control.relax_metrics import render_metrics
+from relax.rollout.pool.engine_pool import EngineState
+from relax.rollout.refit.transport import TransportKind
 from relax.rollout.settings import DataSettings, DispatchSettings, FleetSettings, RolloutSettings, SamplingSettings
-from relax.rollout.weight_transport import TransportKind
 from relax.weights.publication import WeightManifest
 from tests.unit.fake_engines import Client, Launcher, Tokenizer, Transport
 

@@ -10,8 +10,8 @@ import asyncio
 import pytest
 
 from relax.engines.client import EngineError, EngineUnavailable
-from relax.rollout.dispatcher import classify_error
-from relax.rollout.router import (
+from relax.rollout.dispatch.dispatcher import classify_error
+from relax.rollout.routing.router import (
     FailureKind,
     NoEngineAvailable,
     RetryPolicy,

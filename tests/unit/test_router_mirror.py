@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from relax.rollout.router_mirror import MirrorPlan, RouterAPIError, canonical_url, parse_workers, plan_changes
+from relax.rollout.routing.router_mirror import MirrorPlan, RouterAPIError, canonical_url, parse_workers, plan_changes
 
 A, B, C = "http://10.0.0.1:30000", "http://10.0.0.2:30000", "http://10.0.0.3:30000"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from relax.data.sample import Sample
-from relax.rollout.generator import sample_version
+from relax.rollout.dispatch.generator import sample_version
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ import pickle
 
 import pytest
 
-from relax.rollout.api_models import (
+from relax.rollout.control.api_models import (
     CancelBatchResponse,
     InvalidBody,
     ScaleInBody,
@@ -22,7 +22,7 @@ from relax.rollout.api_models import (
     http_status_of,
     parse_body,
 )
-from relax.rollout.pool import EngineKind, EnginePool, EngineState
+from relax.rollout.pool.engine_pool import EngineKind, EnginePool, EngineState
 from relax.rollout.scaling import (
     FAILED_STATUSES,
     TERMINAL_STATUSES,

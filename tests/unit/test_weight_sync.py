@@ -1,4 +1,4 @@
-"""The weight-sync rules (``rollout.weight_sync``, ``rollout.weight_transport``) with a fake transport: no engine.
+"""The weight-sync rules (``rollout.refit.weight_sync``, ``rollout.refit.transport``) with a fake transport: no engine.
 
 Every rule the issue of stale weights depends on, in milliseconds: a superseded version moves on to the
 newest, a failed load fails the engine and never counts as served, a syncing engine is neither probed nor
@@ -13,15 +13,15 @@ from typing import Any
 
 import pytest
 
-from relax.rollout import fleet as fleet_module
 from relax.rollout.assembly import build_fleet
-from relax.rollout.events import EventLog
-from relax.rollout.launcher import EngineSlot
-from relax.rollout.pool import EngineKind, EnginePool, EngineState
-from relax.rollout.router import Router
+from relax.rollout.fleet import engine_fleet as fleet_module
+from relax.rollout.pool.engine_pool import EngineKind, EnginePool, EngineState
+from relax.rollout.pool.events import EventLog
+from relax.rollout.pool.launcher import EngineSlot
+from relax.rollout.refit.transport import TransportKind, VersionSuperseded, choose_transport
+from relax.rollout.refit.weight_sync import WeightSync, engines_behind
+from relax.rollout.routing.router import Router
 from relax.rollout.settings import FleetSettings
-from relax.rollout.weight_sync import WeightSync, engines_behind
-from relax.rollout.weight_transport import TransportKind, VersionSuperseded, choose_transport
 from relax.weights.pause_mode import PauseMode
 from relax.weights.publication import WeightManifest, WeightRegistry
 
@@ -322,7 +322,7 @@ def test_pause_mode_is_one_enum_from_the_flag_to_the_client() -> None:
 async def test_one_cancelled_check_leaves_the_shared_checksum_fetch_to_the_others() -> None:
     """Engines checked against one version share one fetch of its checksums: a check cancelled by its own engine's
     deadline must not cancel the fetch under the others (they would read it as a superseded version)."""
-    from relax.rollout.weight_sync import check_served_weights
+    from relax.rollout.refit.weight_sync import check_served_weights
 
     answer: asyncio.Future[dict[str, str]] = asyncio.get_running_loop().create_future()
     fetch = asyncio.ensure_future(asyncio.shield(answer))

@@ -2,7 +2,7 @@
 
 Why the engine streams at all: a caller that holds the prefix of every generation in flight loses almost
 nothing when the engine dies without notice — it continues each request elsewhere from the last chunk it
-received (``relax.rollout.dispatch``). SGLang's behaviour (docs/engine.md, "Endpoints", ``POST /generate``
+received (``relax.rollout.dispatch.journey``). SGLang's behaviour (docs/engine.md, "Endpoints", ``POST /generate``
 with ``"stream": true``):
 
 * ``data: {...}`` per chunk, then ``data: [DONE]``; every chunk is *cumulative* — ``text``, ``output_ids`` and

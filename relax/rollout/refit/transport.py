@@ -1,13 +1,13 @@
 """How a published version travels to one engine: the port, its three paths, and the rule that picks one.
 
-``WeightSync`` (``rollout.weight_sync``) decides *when* an engine loads which version; a transport is *how*
+``WeightSync`` (``rollout.refit.weight_sync``) decides *when* an engine loads which version; a transport is *how*
 the bytes get there. One class per path, each behind the same two calls:
 
-* ``broadcast`` (``rollout.broadcast.BroadcastTransport``): SGLang's distributed update from the trainer's rank
+* ``broadcast`` (``rollout.refit.broadcast.BroadcastTransport``): SGLang's distributed update from the trainer's rank
   0 over a weight-update group of the engine's own (``--weight-sync broadcast``, the default);
-* ``object_store`` (``rollout.disk_transports.ObjectStoreTransport``): the engine's actor pulls the buckets
+* ``object_store`` (``rollout.refit.disk_transports.ObjectStoreTransport``): the engine's actor pulls the buckets
   from Ray's object store, writes them to its node's shared memory and loads them from there;
-* ``disk`` (``rollout.disk_transports.ExternalDiskTransport``): for an external engine (no actor of ours on its
+* ``disk`` (``rollout.refit.disk_transports.ExternalDiskTransport``): for an external engine (no actor of ours on its
   node), the manager writes the version to a directory the engine must be able to read.
 
 :func:`choose_transport` is the whole rule, pure, so it is tested without an engine.
@@ -19,12 +19,12 @@ from collections.abc import Awaitable, Callable
 from enum import Enum
 from typing import Any, Protocol
 
-from relax.rollout.pool import EngineKind
-from relax.rollout.refit import Verification
+from relax.rollout.pool.engine_pool import EngineKind
+from relax.rollout.refit.rules import Verification
 
 __all__ = ["Check", "TransportKind", "VersionSuperseded", "WeightTransport", "choose_transport"]
 
-#: The check of a load (``rollout.refit.load_verified``): ``check(attempt)`` compares the engine's served weights
+#: The check of a load (``rollout.refit.rules.load_verified``): ``check(attempt)`` compares the engine's served weights
 #: with the version's publication.
 Check = Callable[[int], Awaitable[Verification]]
 
@@ -48,7 +48,7 @@ class WeightTransport(Protocol):
 
     async def send(self, engine_id: str, client: Any, latest: Any, check: Check | None = None, *,
                    verify_only: bool = False) -> dict[str, Any]:
-        """Load ``latest`` into the engine, verified by ``check`` when given (``rollout.refit.load_verified``);
+        """Load ``latest`` into the engine, verified by ``check`` when given (``rollout.refit.rules.load_verified``);
         returns the phase timings, and the checks made under ``"verifications"``. Raises on failure (the engine
         is then failed by the caller, never resumed on part of a version) or :class:`VersionSuperseded`.
         ``verify_only``: the engine holds ``latest`` already; check it, and load only to repair a mismatch."""

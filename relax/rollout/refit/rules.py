@@ -1,6 +1,6 @@
 """A refit as a transaction: the rules of verifying, repeating and refusing a weight load (pure).
 
-``WeightSync`` (``rollout.weight_sync``) carries them out; everything that decides is here, tested in
+``WeightSync`` (``rollout.refit.weight_sync``) carries them out; everything that decides is here, tested in
 milliseconds (docs/architecture.md, "Weights and staleness"):
 
 * **Verified.** After a load, the engine's served weights are compared with the trainer's publication, tensor by

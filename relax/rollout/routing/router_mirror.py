@@ -53,7 +53,7 @@ from typing import Any
 import aiohttp
 
 from relax.logs import failure_cause
-from relax.rollout.engine_url import normalize_engine_url
+from relax.rollout.pool.engine_url import normalize_engine_url
 
 log = logging.getLogger("relax.rollout")
 

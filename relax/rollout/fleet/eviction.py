@@ -18,7 +18,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 
-__all__ = ["Eviction", "EvictionSettings", "Notice", "plan_evictions", "plan_notice"]
+from relax.rollout.settings import EvictionSettings
+
+__all__ = ["Eviction", "Notice", "plan_evictions", "plan_notice"]
 
 
 class Notice(str, Enum):
@@ -26,12 +28,6 @@ class Notice(str, Enum):
 
     NODE_DRAINING = "node draining"  # Ray's drain notice for the engine's node (autoscaler, preemption)
     SIGTERM = "SIGTERM"  # the engine's actor was sent SIGTERM (Ray's graceful termination of the worker)
-
-
-@dataclass(frozen=True)
-class EvictionSettings:
-    margin_s: float = 5.0  # kept back from the deadline for stopping the server and removing the group
-    default_budget_s: float = 30.0  # when the notice has no deadline (Ray's own default drain timeout)
 
 
 @dataclass(frozen=True)

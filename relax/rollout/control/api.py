@@ -1,14 +1,14 @@
 """The control plane's HTTP routes: ``/rollout/*``, ``/metrics``, ``/health``, and the autoscaler mount.
 
 Routes are deliberately thin. Each one validates what the client sent with the strict pydantic bodies of
-:mod:`relax.rollout.api_models` (so a malformed request is a 4xx naming the field and never reaches the
+:mod:`relax.rollout.control.api_models` (so a malformed request is a 4xx naming the field and never reaches the
 backend), turns the body into the scaling core's spec, makes one call on the *backend* and answers its
 result. All rules (absolute targets, the initial-engine floor, one operation at a time, sticky cancel) live
-behind the backend, in :mod:`relax.rollout.scaling` and :mod:`relax.rollout.executor`, where the autoscaler
+behind the backend, in :mod:`relax.rollout.scaling` and :mod:`relax.rollout.fleet.executor`, where the autoscaler
 reaches them through the same methods (docs/architecture.md, "Scale requests").
 
 The backend is any object with the async methods of :class:`RolloutBackend`: the
-:class:`~relax.rollout.manager_client.ManagerClient` of a run, or an in-process
+:class:`~relax.rollout.control.manager_client.ManagerClient` of a run, or an in-process
 ``relax.testing.local_rollout.LocalRollout``. It returns plain values and raises typed errors; this module
 is the only place where an error becomes an HTTP status code (:func:`status_of`).
 """
@@ -28,7 +28,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from relax.pace import Pace, PaceAnonymous
-from relax.rollout.api_models import (
+from relax.rollout.control.api_models import (
     CancelBatchBody,
     CancelBatchResponse,
     EngineDetailView,
@@ -46,10 +46,10 @@ from relax.rollout.api_models import (
     describe_validation_error,
     http_status_of,
 )
-from relax.rollout.events import EventKind
-from relax.rollout.manager_client import ManagerInternalError, ManagerTimeout, ManagerUnavailable
-from relax.rollout.prometheus_sd import sd_groups
-from relax.rollout.relax_metrics import CONTENT_TYPE, render_metrics
+from relax.rollout.control.manager_client import ManagerInternalError, ManagerTimeout, ManagerUnavailable
+from relax.rollout.control.prometheus_sd import sd_groups
+from relax.rollout.control.relax_metrics import CONTENT_TYPE, render_metrics
+from relax.rollout.pool.events import EventKind
 from relax.rollout.scaling import ScaleInSpec, ScaleOutSpec
 from relax.single_flight import SharedCall
 
@@ -81,7 +81,7 @@ def status_of(error: BaseException) -> int | None:
 
 @runtime_checkable
 class RolloutBackend(Protocol):
-    """What the routes call: the rollout manager's control API (see ``rollout.control``)."""
+    """What the routes call: the rollout manager's control API (see ``rollout.control.rollout_control``)."""
 
     def engines_view(self, model_name: str | None) -> Awaitable[dict[str, Any]]: ...
 
@@ -109,7 +109,7 @@ class RolloutBackend(Protocol):
 
 
 class EventView(BaseModel):
-    """One entry of ``GET /rollout/events`` (see :class:`relax.rollout.events.Event`)."""
+    """One entry of ``GET /rollout/events`` (see :class:`relax.rollout.pool.events.Event`)."""
 
     seq: int
     kind: EventKind

@@ -29,8 +29,8 @@ from pydantic import (
     field_validator,
 )
 
-from relax.rollout.engine_url import normalize_engine_url
-from relax.rollout.pool import EngineRecord, EngineState
+from relax.rollout.pool.engine_pool import EngineRecord, EngineState
+from relax.rollout.pool.engine_url import normalize_engine_url
 from relax.rollout.scaling import (
     DEFAULT_MODEL,
     NoSuchEngine,
@@ -158,7 +158,7 @@ def error_body(error: BaseException) -> dict[str, Any]:
     return {"detail": str(error) or type(error).__name__, "field": None}
 
 
-# -- engine URLs (rules in relax.rollout.engine_url) --------------------------------------------------------
+# -- engine URLs (rules in relax.rollout.pool.engine_url) --------------------------------------------------------
 
 
 def _check_url(url: str) -> str:
@@ -596,7 +596,7 @@ class EngineView(BaseModel):
     join_first_answer_s: float | None = None
     """Seconds from that decision to its first answer (generated on the current weights); None until then."""
     bring_up: BringUpView | None = None
-    """Its bring-up phase by phase (``rollout.bringup``); None for an engine that was never brought up here."""
+    """Its bring-up phase by phase (``rollout.fleet.bringup``); None for an engine that was never brought up here."""
 
     @classmethod
     def from_record(cls, record: EngineRecord) -> EngineView:
@@ -623,7 +623,7 @@ class EngineDetailView(EngineView):
 
 class WeightVerificationView(BaseModel):
     """``POST /rollout/engines/{engine_id}/verify``: one check of an engine's served weights
-    (``relax.rollout.refit.Verification``)."""
+    (``relax.rollout.refit.rules.Verification``)."""
 
     model_config = _RESPONSE
 

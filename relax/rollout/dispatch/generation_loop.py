@@ -23,8 +23,8 @@ from relax.data.prompt_fit import fit_prompts
 from relax.data.rewards import get_reward_fn
 from relax.data.sample import PromptGroup, Sample
 from relax.data.staleness import StalenessGate
-from relax.rollout.dispatcher import SampleLostError
-from relax.rollout.generator import Dispatcher, generate_group
+from relax.rollout.dispatch.dispatcher import SampleLostError
+from relax.rollout.dispatch.generator import Dispatcher, generate_group
 from relax.rollout.settings import DataSettings
 from relax.training.evaluation import evaluate_datasets
 

@@ -1,10 +1,10 @@
 """The engine fleet: the engine lifecycle — bring engines up, keep them healthy, take them out without losing work.
 
-This is the imperative shell around ``rollout.pool`` (engine states) and ``rollout.router`` (who serves what,
-in-flight counts). Where an engine runs and how its process starts is the launcher's business
-(``rollout.launcher``), and talking to a running server goes through an HTTP client made by
+This is the imperative shell around ``rollout.pool.engine_pool`` (engine states) and ``rollout.routing.router``
+(who serves what, in-flight counts). Where an engine runs and how its process starts is the launcher's business
+(``rollout.pool.launcher``), and talking to a running server goes through an HTTP client made by
 ``client_factory``; both are injected, so the fleet runs without Ray. Which weights an engine holds is the
-``WeightSync``'s (``rollout.weight_sync``), the fleet's sibling seen through :class:`FleetWeights` (both are
+``WeightSync``'s (``rollout.refit.weight_sync``), the fleet's sibling seen through :class:`FleetWeights` (both are
 wired by ``rollout.assembly``): bring-up waits for an engine's first sync, a failed load comes back here as a
 failed engine, and a departing engine's transport state is released.
 
@@ -15,13 +15,13 @@ Three guarantees are kept here, in one place each:
 * **Nothing lost on the way out.** Every path that takes an engine out of service (scale-in, eviction,
   rollback, failure) goes through :meth:`retire`: the engine leaves the router first, its in-flight requests
   finish or are aborted (the dispatcher retries them elsewhere), then its process and placement go away.
-  With ``--sglang-router-url`` an external SGLang router mirrors the routable set (``rollout.router_mirror``):
+  With ``--sglang-router-url`` an external SGLang router mirrors the routable set (``rollout.routing.router_mirror``):
   an engine joins it when it joins Relax's router and leaves it at the same moment it leaves Relax's, and a
   drain waits (bounded) until that router no longer lists it.
 * **A slow engine is not a dead one.** A request that could not reach an engine fails it only when its
   process is gone; a live process is failed only after repeated health-probe failures.
 
-Engine transitions are recorded by the pool's ``on_transition`` hook (see ``rollout.events``), not here.
+Engine transitions are recorded by the pool's ``on_transition`` hook (see ``rollout.pool.events``), not here.
 """
 
 from __future__ import annotations
@@ -36,15 +36,15 @@ from typing import Any, Protocol
 from relax.engines.client import EngineClient, EngineError
 from relax.engines.keys import EngineKeys, engine_keys
 from relax.logs import failure_cause
-from relax.rollout.bringup import BringUpLog, Phase, stop_reason
-from relax.rollout.events import EventKind, EventLog
-from relax.rollout.eviction import Eviction, plan_evictions, plan_notice
-from relax.rollout.joins import JoinLog
-from relax.rollout.launcher import EngineLauncher, EngineSlot
-from relax.rollout.pool import EngineKind, EnginePool, EngineState
-from relax.rollout.refit import Verification, WeightMismatch
-from relax.rollout.router import Router
-from relax.rollout.router_mirror import SGLangRouterMirror
+from relax.rollout.fleet.bringup import BringUpLog, Phase, stop_reason
+from relax.rollout.fleet.eviction import Eviction, plan_evictions, plan_notice
+from relax.rollout.fleet.joins import JoinLog
+from relax.rollout.pool.engine_pool import EngineKind, EnginePool, EngineState
+from relax.rollout.pool.events import EventKind, EventLog
+from relax.rollout.pool.launcher import EngineLauncher, EngineSlot
+from relax.rollout.refit.rules import Verification, WeightMismatch
+from relax.rollout.routing.router import Router
+from relax.rollout.routing.router_mirror import SGLangRouterMirror
 from relax.rollout.settings import FleetSettings
 from relax.weights.publication import WeightRegistry
 
@@ -96,7 +96,7 @@ class EngineHTTP(Protocol):
 
 
 class FleetWeights(Protocol):
-    """What the fleet needs of its sibling, the ``WeightSync`` (``rollout.weight_sync``; wired by
+    """What the fleet needs of its sibling, the ``WeightSync`` (``rollout.refit.weight_sync``; wired by
     ``rollout.assembly``): an engine's first sync and checks, the wait for a publication, and releasing what a
     leaving engine held."""
 
@@ -528,7 +528,7 @@ class EngineFleet:
             await self.evict(plan_notice(engine_id, self.pool.get(engine_id).node_id, self.settings.drain_timeout_s))
 
     async def evict(self, eviction: Eviction) -> None:
-        """The platform takes the engine's node back (``rollout.eviction``: a drain notice or a SIGTERM): out of
+        """The platform takes the engine's node back (``rollout.fleet.eviction``: a drain notice or a SIGTERM): out of
         routing now, in-flight work finished or migrated within the budget, then the server stopped and the group
         removed, all before the node's deadline; an initial engine is then replaced in its own bundle."""
         engine_id = eviction.engine_id

@@ -38,7 +38,7 @@ class RunStatus:
     last_verifications: Mapping[str, Any] = field(default_factory=dict)
     evictions: Mapping[str, Any] = field(default_factory=dict)
     joins: Mapping[str, Any] = field(default_factory=dict)
-    #: per bring-up phase, its histogram over every engine brought up (``rollout.bringup.PhaseHistogram``)
+    #: per bring-up phase, its histogram over every engine brought up (``rollout.fleet.bringup.PhaseHistogram``)
     bring_up_phases: Mapping[str, Any] = field(default_factory=dict)
     sglang_router: Mapping[str, Any] | None = None
     # the newest join's and eviction's durations (absent until one happened)

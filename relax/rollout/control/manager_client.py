@@ -106,7 +106,7 @@ class ManagerClient:
 
 
 def _rest_errors() -> type[BaseException]:
-    from relax.rollout.api_models import RequestError
+    from relax.rollout.control.api_models import RequestError
 
     return RequestError
 

@@ -2,7 +2,7 @@
 
 Both end in ``/update_weights_from_disk`` inside the engine client's pause bracket
 (``relax.engines.weight_load.load_from_disk``); they differ in who writes the files and where. Their check
-(``rollout.refit``) runs after the load has continued the engine, while the dispatcher still holds its new
+(``rollout.refit.rules``) runs after the load has continued the engine, while the dispatcher still holds its new
 requests: unlike the broadcast path, requests that were in flight may resume before it.
 """
 
@@ -13,9 +13,9 @@ import time
 from typing import Any
 
 from relax.engines.weight_load import load_from_disk
-from relax.rollout.launcher import EngineLauncher
-from relax.rollout.refit import load_verified
-from relax.rollout.weight_transport import Check
+from relax.rollout.pool.launcher import EngineLauncher
+from relax.rollout.refit.rules import load_verified
+from relax.rollout.refit.transport import Check
 from relax.weights.pause_mode import PauseMode
 
 __all__ = ["ExternalDiskTransport", "ObjectStoreTransport"]

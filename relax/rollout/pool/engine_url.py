@@ -1,6 +1,6 @@
 """Engine base URLs: validation and the one canonical spelling (``scheme://host:port``).
 
-Pure and dependency-free so that both the REST layer (:mod:`relax.rollout.api_models`, which validates
+Pure and dependency-free so that both the REST layer (:mod:`relax.rollout.control.api_models`, which validates
 bodies with it) and the scaling core (:mod:`relax.rollout.scaling`, which compares URLs canonically) can use
 it without importing each other.
 """

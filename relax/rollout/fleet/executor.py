@@ -5,10 +5,11 @@ targets, the initial-engine floor, one operation at a time, sticky cancel, the p
 This class carries the decision out over a :class:`ScaleFleet` — the port to whatever brings engines up
 and takes them out — and keeps the request record and the event log honest along the way.
 
-One executor, three fleets: the Ray rollout manager drives it with :class:`~relax.rollout.fleet.EngineFleet`
-(real engines), the in-process test double ``relax.testing.local_rollout`` with simulated engines that
-take a step per phase, and the autoscaler simulator with simulated engines on a virtual clock. So a policy
-comparison measures the executor users run, and the REST contract tests exercise its real rules.
+One executor, three fleets: the Ray rollout manager drives it with
+:class:`~relax.rollout.fleet.engine_fleet.EngineFleet` (real engines), the in-process test double
+``relax.testing.local_rollout`` with simulated engines that take a step per phase, and the autoscaler simulator
+with simulated engines on a virtual clock. So a policy comparison measures the executor users run, and the REST
+contract tests exercise its real rules.
 
 The control methods answer JSON-able dicts (the REST bodies) and raise the typed errors of
 ``rollout.scaling.errors``; mapping those to HTTP status codes is the REST layer's job.
@@ -23,8 +24,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
-from relax.rollout.events import EventKind, EventLog
-from relax.rollout.pool import EngineKind, EnginePool, EngineState
+from relax.rollout.pool.engine_pool import EngineKind, EnginePool, EngineState
+from relax.rollout.pool.events import EventKind, EventLog
 from relax.rollout.scaling import (
     Direction,
     Noop,

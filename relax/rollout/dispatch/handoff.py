@@ -14,7 +14,7 @@ from typing import Any
 
 from relax.data.buffer import staleness_stats
 from relax.data.sample import Sample
-from relax.rollout.generation_loop import Partition
+from relax.rollout.dispatch.generation_loop import Partition
 from relax.training.sharding import BatchPlan, ShardedBatch, shard_batch
 
 

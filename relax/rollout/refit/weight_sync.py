@@ -1,7 +1,7 @@
 """Weight sync: every ACTIVE engine brought to the newest published version, and never serving a stale one.
 
 The one component of the weight path on the rollout side (docs/architecture.md, "Weights and staleness"). It
-owns the rules; how the bytes travel is a :class:`~relax.rollout.weight_transport.WeightTransport`, chosen per
+owns the rules; how the bytes travel is a :class:`~relax.rollout.refit.transport.WeightTransport`, chosen per
 engine and version by ``choose_transport``; the engine's lifecycle (start, fail, retire) is the fleet's.
 
 * **publish** records a version and brings every ACTIVE engine behind it up to date in the background; the
@@ -15,7 +15,7 @@ engine and version by ``choose_transport``; the engine's lifecycle (start, fail,
   health generation) and the dispatcher holds their requests (:meth:`wait_not_syncing`).
 * A failed load fails the engine (``on_failure``): it is never resumed on part of a version or left serving
   the old one as if current.
-* **verified** (``--verify-weights``, the rules in ``rollout.refit``): a load is checked against the version's
+* **verified** (``--verify-weights``, the rules in ``rollout.refit.rules``): a load is checked against the version's
   publication before the engine continues; a mismatch is reported (``on_verification``), reloaded once in full,
   and a second one fails the engine. :meth:`verify` checks an engine on demand. Each engine's (version, digest)
   is in its pool record; a version it holds already is not sent again.
@@ -31,8 +31,8 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from relax.engines.client import WeightsUncheckable
-from relax.rollout.pool import EnginePool, EngineRecord
-from relax.rollout.refit import (
+from relax.rollout.pool.engine_pool import EnginePool, EngineRecord
+from relax.rollout.refit.rules import (
     EngineWeights,
     RefitStep,
     Verification,
@@ -41,7 +41,7 @@ from relax.rollout.refit import (
     plan_refit,
     should_verify,
 )
-from relax.rollout.weight_transport import Check, TransportKind, VersionSuperseded, WeightTransport, choose_transport
+from relax.rollout.refit.transport import Check, TransportKind, VersionSuperseded, WeightTransport, choose_transport
 from relax.weights.digest import ChecksumAlgorithm, checksum_algorithm, checksum_mismatches, version_digest
 from relax.weights.publication import PublishedWeights, WeightConflict, WeightManifest, WeightRegistry
 
@@ -337,7 +337,7 @@ class WeightSync:
         return task
 
     def _check(self, engine_id: str, latest: PublishedWeights) -> Check:
-        """The check of one engine against ``latest``, as ``rollout.refit.load_verified`` calls it."""
+        """The check of one engine against ``latest``, as ``rollout.refit.rules.load_verified`` calls it."""
 
         async def check(attempt: int) -> Verification:
             algorithm = await self._algorithm(engine_id)

@@ -1,8 +1,8 @@
-"""The dispatcher: sends each generation to an engine, streams it, and carries out ``rollout.dispatch``'s rules.
+"""The dispatcher: sends each generation to an engine, streams it, and carries out ``rollout.dispatch.journey``'s rules.
 
 Thin on purpose (docs/architecture.md, "Dispatch"): it picks the engine (``Router``), holds a request while its
 engine loads weights, sends it streamed so the prefix of every generation in flight is held
-(``relax.engines.event_stream``), and asks :class:`~relax.rollout.dispatch.RequestJourney` what to do when the
+(``relax.engines.event_stream``), and asks :class:`~relax.rollout.dispatch.journey.RequestJourney` what to do when the
 attempt ends. The rollout manager composes it; the generation loop and evaluation call :meth:`generate`.
 
 An engine that dies without notice: its stream breaks (connection reset), or — a node that vanished without a
@@ -21,10 +21,10 @@ from typing import Any, Protocol
 
 from relax.engines.client import EngineError, EngineUnavailable
 from relax.engines.event_stream import EventStream
-from relax.rollout.dispatch import Action, RequestJourney, Step, stream_interval
-from relax.rollout.generator import Generation
-from relax.rollout.pool import EnginePool, EngineRecord, EngineState
-from relax.rollout.router import FailureKind, NoEngineAvailable, RetryPolicy, Router
+from relax.rollout.dispatch.generator import Generation
+from relax.rollout.dispatch.journey import Action, RequestJourney, Step, stream_interval
+from relax.rollout.pool.engine_pool import EnginePool, EngineRecord, EngineState
+from relax.rollout.routing.router import FailureKind, NoEngineAvailable, RetryPolicy, Router
 from relax.rollout.settings import DispatchSettings
 
 log = logging.getLogger("relax.rollout")
@@ -52,7 +52,7 @@ class _SyncGate(Protocol):
 
 
 class DispatchFleet(Protocol):
-    """What the dispatcher needs of ``rollout.fleet.EngineFleet``."""
+    """What the dispatcher needs of ``rollout.fleet.engine_fleet.EngineFleet``."""
 
     routable: asyncio.Event
 

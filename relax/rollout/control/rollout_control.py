@@ -3,7 +3,7 @@
 One object answers for a run, whoever hosts it: the Ray :class:`~relax.rollout.manager.RolloutManager`
 delegates its remote methods here, and the in-process ``relax.testing.local_rollout.LocalRollout`` is this
 class over simulated engines. The methods are the backend contract of the REST routes and the autoscaler
-(``rollout.api.RolloutBackend``), hence async even where nothing awaits. Answers are plain JSON-able values;
+(``rollout.control.api.RolloutBackend``), hence async even where nothing awaits. Answers are plain JSON-able values;
 a refusal is a typed error of ``rollout.scaling`` (the REST layer maps it to a status code).
 """
 
@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from relax.rollout.bringup import BringUpLog
-from relax.rollout.events import SCALE_EVENT_KINDS, EventLog
-from relax.rollout.executor import ScaleExecutor
-from relax.rollout.joins import JoinLog
-from relax.rollout.pool import EnginePool, EngineState, UnknownEngine
+from relax.rollout.fleet.bringup import BringUpLog
+from relax.rollout.fleet.executor import ScaleExecutor
+from relax.rollout.fleet.joins import JoinLog
+from relax.rollout.pool.engine_pool import EnginePool, EngineState, UnknownEngine
+from relax.rollout.pool.events import SCALE_EVENT_KINDS, EventLog
 from relax.rollout.scaling import (
     DEFAULT_MODEL,
     NoSuchEngine,

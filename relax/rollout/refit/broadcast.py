@@ -10,7 +10,7 @@ The sequence for one engine and one version (SGLang 0.5.23's distributed protoco
    same time; the last bucket carries ``weight_version``; ``/end_weight_update``, ``/continue_generation``;
 3. when the engine leaves: ``/destroy_weights_update_group`` and rank 0 closes its side.
 
-:class:`BroadcastTransport` is this path behind the ``WeightTransport`` port (``rollout.weight_transport``).
+:class:`BroadcastTransport` is this path behind the ``WeightTransport`` port (``rollout.refit.transport``).
 
 Every step has a deadline. An engine that dies or stops answering mid-broadcast fails its own update (and
 is then failed by the fleet, never resumed on half-loaded weights); the trainer's side of that group is
@@ -30,9 +30,9 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from relax.rollout.refit import load_verified
+from relax.rollout.refit.rules import load_verified
+from relax.rollout.refit.transport import Check, VersionSuperseded
 from relax.rollout.settings import BroadcastSettings
-from relax.rollout.weight_transport import Check, VersionSuperseded
 from relax.weights.flat_bucket import BucketSpec, specs_from_manifest
 from relax.weights.pause_mode import PauseMode
 from relax.weights.publication import WEIGHTS_CONCURRENCY_GROUP, WeightManifest
@@ -171,7 +171,7 @@ async def send_version(engine_id: str, client: Any, group: EngineGroup, version:
                        verify_only: bool = False) -> dict[str, Any]:
     """Pause, receive every bucket of ``version`` by broadcast, check (``check``), continue; returns the timings.
 
-    The check runs before the engine continues; a mismatch reloads every bucket once (``rollout.refit``). On any
+    The check runs before the engine continues; a mismatch reloads every bucket once (``rollout.refit.rules``). On any
     failure the engine is left paused and the error raised: the caller fails the engine rather than let it
     serve a mix of two versions. ``verify_only``: the engine holds ``version`` already; it is paused and checked,
     and loaded only to repair a mismatch.

@@ -173,7 +173,7 @@ class EngineRecord:
     url: str | None = None
     node_id: str | None = None
     weight_version: int | None = None
-    weight_digest: str | None = None  # the digest of the weights it holds, when known (relax.rollout.refit)
+    weight_digest: str | None = None  # the digest of the weights it holds, when known (relax.rollout.refit.rules)
     weights_verified: bool = False  # its served weights were checked against weight_version's publication
     in_flight: int = 0
     bundle: str | None = None  # opaque placement-group / bundle id the shell uses to clean up

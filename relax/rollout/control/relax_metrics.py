@@ -20,7 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from relax.rollout.pool import EngineState
+from relax.rollout.pool.engine_pool import EngineState
 
 __all__ = ["CONTENT_TYPE", "GAUGES", "RelaxStatusCollector", "render_metrics"]
 
@@ -60,7 +60,7 @@ COUNTERS: tuple[tuple[str, str, str], ...] = (
     ("migration.migrated_requests", "relax_migrated_requests",
      "Requests finished on another engine than they started on"),
 )
-"""As GAUGES; ``a.b`` is key ``b`` of the status's ``a`` (``rollout.run_status.RunStatus``)."""
+"""As GAUGES; ``a.b`` is key ``b`` of the status's ``a`` (``rollout.control.run_status.RunStatus``)."""
 
 
 def _read(status: Mapping[str, Any], key: str) -> Any:

@@ -1,8 +1,8 @@
-"""The ControlPlane actor: serves :func:`relax.rollout.api.create_app` with uvicorn, inside Ray.
+"""The ControlPlane actor: serves :func:`relax.rollout.control.api.create_app` with uvicorn, inside Ray.
 
 The actor holds no logic: it runs one uvicorn server as an asyncio task on its own event loop and hands
 every route to a *backend*. In a run the backend is the RolloutManager actor, reached through the one
-:class:`~relax.rollout.manager_client.ManagerClient`; in-process any object with the same methods works
+:class:`~relax.rollout.control.manager_client.ManagerClient`; in-process any object with the same methods works
 (``relax.testing.local_rollout.LocalRollout`` in tests and for trying the CLI without a cluster).
 
 Ray is imported lazily so that importing this module (by the CLI, or in tests) stays cheap.
@@ -21,8 +21,8 @@ from typing import Any
 
 import uvicorn
 
-from relax.rollout.api import create_app
-from relax.rollout.manager_client import ManagerClient
+from relax.rollout.control.api import create_app
+from relax.rollout.control.manager_client import ManagerClient
 
 log = logging.getLogger("relax.control_plane")
 
@@ -99,9 +99,9 @@ class ControlPlane:
     """Serves the control plane's HTTP app on ``host:port`` as an asyncio task of the current event loop.
 
     As a Ray actor (see :func:`spawn_control_plane`), ``backend`` is the RolloutManager's handle and is
-    wrapped in a :class:`~relax.rollout.manager_client.ManagerClient`; in-process it may be any backend
+    wrapped in a :class:`~relax.rollout.control.manager_client.ManagerClient`; in-process it may be any backend
     object. ``autoscaler_factory`` runs on
-    the serving loop at :meth:`start` and returns what :func:`~relax.rollout.api.create_app` mounts under
+    the serving loop at :meth:`start` and returns what :func:`~relax.rollout.control.api.create_app` mounts under
     ``/autoscaler``: a factory rather than an object because an autoscaler with live asyncio tasks cannot
     be pickled into the actor.
     """

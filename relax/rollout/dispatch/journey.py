@@ -1,14 +1,14 @@
 """The dispatcher's rules for one request (pure): where it goes next after an answer or a failure.
 
-The async shell (``rollout.dispatcher``) sends, streams and waits; every decision is made here, from what the
+The async shell (``rollout.dispatch.dispatcher``) sends, streams and waits; every decision is made here, from what the
 attempt ended with, so each rule is a millisecond test (tests/unit/test_dispatch.py):
 
 1. **An answer is a sample** unless it was aborted; a sample made of several segments (migrated) is stitched
-   (``rollout.migration.stitch``): per-token log-probs, per-segment versions, the oldest dispatch version.
+   (``rollout.dispatch.migration.stitch``): per-token log-probs, per-segment versions, the oldest dispatch version.
 2. **An aborted answer or a lost engine keeps its prefix.** An abort (drain, forced scale-in, eviction) answers
    with what was generated; an engine that died without notice left the last complete chunk of its stream. In
    both cases, with migration on, the request continues elsewhere from prompt + prefix with the remaining
-   budget (``rollout.migration.continue_after``), or is complete when the prefix already ends it.
+   budget (``rollout.dispatch.migration.continue_after``), or is complete when the prefix already ends it.
 3. **What a crashed engine's prefix is trusted with**: the last complete chunk only (a chunk cut off mid-way
    is never parsed, ``relax.engines.event_stream``), and only when it is consistent — as many log-probs as
    tokens; anything else is thrown away and counted as regenerated. Tokens generated after that chunk are lost
@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from relax.rollout.migration import Next, Segment, continue_after, stitch
-from relax.rollout.router import FailureKind, RetryPolicy, failure_from_finish_reason
+from relax.rollout.dispatch.migration import Next, Segment, continue_after, stitch
+from relax.rollout.routing.router import FailureKind, RetryPolicy, failure_from_finish_reason
 
 __all__ = ["MAX_CHUNKS", "Action", "RequestJourney", "Step", "stream_interval"]
 
