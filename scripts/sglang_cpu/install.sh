@@ -21,7 +21,7 @@ version=0.5.23
 die() { echo "install-sglang-cpu: $*" >&2; exit 2; }
 
 if [ -d "$wheel_src" ]; then
-  wheel="$(ls "$wheel_src"/sglang_kernel_cpu-*.whl 2>/dev/null | head -n 1 || true)"
+  wheel="$(find "$wheel_src" -maxdepth 1 -name 'sglang_kernel_cpu-*.whl' | sort | head -n 1)"
 else
   wheel="$wheel_src"
 fi
@@ -45,14 +45,16 @@ if [ -n "$missing" ]; then
   command -v apt-get >/dev/null || die "missing Debian packages:$missing (install them, then run again)"
   sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
   $sudo apt-get update -qq
+  # shellcheck disable=SC2086  # $missing is a list of package names, split on purpose
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq $missing >/dev/null
 fi
 
 test -x "$venv/bin/python" || "$python" -m venv "$venv"
-"$venv/bin/pip" install --quiet --upgrade pip
-"$venv/bin/pip" install --quiet -r "$here/lock.txt"
-"$venv/bin/pip" install --quiet --no-deps "sglang==$version"
-"$venv/bin/pip" install --quiet --no-deps --force-reinstall "$wheel"
+pip=("$root/scripts/pip_quiet.sh" "$venv/bin/pip")  # pip without a local index's "Location ... is ignored" lines
+"${pip[@]}" install --quiet --upgrade pip
+"${pip[@]}" install --quiet -r "$here/lock.txt"
+"${pip[@]}" install --quiet --no-deps "sglang==$version"
+"${pip[@]}" install --quiet --no-deps --force-reinstall "$wheel"
 # The import chain the server runs at start: fails here, not in the first engine's log.
 "$venv/bin/python" -c 'import sglang, sgl_kernel; from sglang.srt.server_args import ServerArgs' \
   || die "the SGLang venv at $venv does not import; remove it and run again"

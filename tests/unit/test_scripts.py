@@ -12,7 +12,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = ["scripts/entrypoint/ray-job.sh", "examples/elastic_rollout/run-qwen3-4B-8xgpu-elastic-async.sh",
-           "examples/elastic_rollout/run-tiny-cpu-elastic-async.sh", ".ci/run"]
+           "examples/elastic_rollout/run-tiny-cpu-elastic-async.sh", ".ci/run", "scripts/pip_quiet.sh",
+           "scripts/sglang_cpu/install.sh"]
 
 
 
@@ -56,3 +57,21 @@ def test_node_group_prefix_comes_from_the_environment(tmp_path: Path) -> None:
                      RELAX_INITIAL_NODE_GROUP="baseline")
     assert result.returncode == 0, result.stderr
     assert "baseline_gpu" in result.stdout and "baseline_cpu" in result.stdout
+
+
+def test_pip_quiet_drops_only_the_local_index_warnings_and_keeps_the_exit_status(tmp_path: Path) -> None:
+    """A stand-in pip prints what a machine's local indexes make pip print, its own output and an error."""
+    fake = tmp_path / "pip"
+    fake.write_text("#!/usr/bin/env bash\n"
+                    "echo \"WARNING: Location 'file:///opt/pypi/simple/six/' is ignored: it is neither a file nor a "
+                    "directory.\" >&2\n"
+                    "echo 'Successfully installed six-1.17.0'\n"
+                    "echo 'WARNING: some other warning' >&2\n"
+                    "echo 'ERROR: No matching distribution found for zzz' >&2\n"
+                    "exit 3\n")
+    fake.chmod(0o755)
+    result = subprocess.run(["scripts/pip_quiet.sh", str(fake), "install", "six"], cwd=REPO, capture_output=True,
+                            text=True, timeout=30)
+    assert result.returncode == 3
+    assert result.stdout == "Successfully installed six-1.17.0\n"
+    assert result.stderr == "WARNING: some other warning\nERROR: No matching distribution found for zzz\n"
