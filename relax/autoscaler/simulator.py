@@ -145,10 +145,6 @@ class StartupDelays:
     jitter: float = 0.2
     """Each phase is scaled by a seeded uniform factor in ``[1 - jitter, 1 + jitter]``."""
 
-    @property
-    def total_secs(self) -> float:
-        return self.placement_wait_secs + self.start_secs + self.weight_sync_secs
-
 
 @dataclass(frozen=True)
 class SimulationSettings:

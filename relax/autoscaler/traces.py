@@ -126,11 +126,6 @@ class Trace:
                 return self.points[i].phase, i
         return None, -1
 
-    def mean_rate(self) -> float:
-        """Average arrival rate over the whole trace (trapezoids)."""
-        area = sum((b.t - a.t) * (a.rate + b.rate) / 2 for a, b in zip(self.points, self.points[1:], strict=False))
-        return area / self.duration_secs
-
 
 def _validate_points(points: tuple[TracePoint, ...], name: str) -> None:
     if len(points) < 2:
