@@ -15,7 +15,7 @@ import os
 import re
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import IO, NoReturn
 from urllib.parse import urlsplit
@@ -744,8 +744,3 @@ def parse_args_or_exit(argv: Sequence[str] | None = None, stream: IO[str] | None
     if warning:
         logger.warning(warning)
     return args
-
-
-def train_args_fields() -> frozenset[str]:
-    """Names of TrainArgs fields (used by tests to keep parser and dataclass in step)."""
-    return frozenset(field.name for field in fields(TrainArgs))

@@ -4,8 +4,8 @@ Pure on purpose (docs/architecture.md, "Where decisions live"): ``build_plan`` t
 the environment as a mapping and the autoscaler bounds as an object, and returns a frozen ``Plan``; it
 touches no files, no Ray, no ``os.environ``. The driver checks the plan against ``ray.cluster_resources()`` with
 ``validate_plan_against_cluster`` *before* it creates anything, and ``--dry-run`` prints
-``format_plan``. The only impure helpers are ``load_autoscaler_bounds`` (reads the YAML),
-``plan_from_args`` (loads it, then builds) and ``validate_paths`` (file existence, injectable).
+``format_plan``. The autoscaler YAML is the driver's to load (``relax.autoscaler.config.load_autoscaler_config``,
+the full model); the only impure helper here is ``validate_paths`` (file existence, injectable).
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from typing import Protocol
 
 from relax.config.checks import is_loopback_host
 from relax.config.flags import ConfigError, TrainArgs
-from relax.yaml_errors import yaml_error_text
 
 NODE_GROUP_ENV = "RELAX_INITIAL_NODE_GROUP"
 DEFAULT_NODE_GROUP = "stable"
@@ -30,9 +29,6 @@ ENABLE_AFFINITY_ENV = "ENABLE_AFFINITY"
 # group, small enough that they fit beside the baseline bundles that take {G}_cpu: 1 each.
 CONTROL_PLANE_MARKER_AMOUNT = 0.01
 PLACEMENT_STRATEGY = "PACK"
-# Used only when the YAML omits the keys; the real autoscaler config model owns these defaults.
-DEFAULT_MIN_ENGINES = 1
-DEFAULT_MAX_ENGINES = 8
 RESOURCE_EXAMPLE = '{"actor": [1, 4], "rollout": [1, 4]}'
 REQUIRED_ROLES = ("actor", "rollout")
 _FALSE_WORDS = frozenset({"0", "false", "no", "off"})
@@ -256,45 +252,6 @@ def resolve_resources(args: TrainArgs) -> ResourceSpec:
 # Autoscaler bounds
 
 
-def load_autoscaler_bounds(path: str) -> AutoscalerBounds:
-    """Read ``enabled``/``min_engines``/``max_engines`` from the autoscaler YAML; raises ConfigError.
-
-    A stop-gap reader so the plan can be built before the full pydantic config exists; other keys
-    are left to that model.
-    """
-    import yaml
-
-    flag = f"--autoscaler-config {path}"
-    try:
-        with open(path, encoding="utf-8") as handle:
-            data = yaml.safe_load(handle)
-    except FileNotFoundError:
-        raise ConfigError(f"{flag}: no such file; check the path (AUTOSCALER_CONFIG in the launch scripts)") from None
-    except OSError as error:
-        raise ConfigError(f"{flag}: cannot read it ({error.strerror})") from None
-    except yaml.YAMLError as error:
-        raise ConfigError(f"{flag}: {yaml_error_text(error)}") from None
-    if data is None:
-        raise ConfigError(f"{flag}: the file is empty; it needs at least 'enabled: true'")
-    if not isinstance(data, dict):
-        raise ConfigError(f"{flag}: expected a mapping of settings at the top level, got {type(data).__name__}")
-    enabled = data.get("enabled", False)
-    if not isinstance(enabled, bool):
-        raise ConfigError(f"{flag}: 'enabled' must be true or false, got {enabled!r}")
-    return AutoscalerBounds(
-        enabled=enabled,
-        min_engines=_yaml_int(data, "min_engines", DEFAULT_MIN_ENGINES, flag),
-        max_engines=_yaml_int(data, "max_engines", DEFAULT_MAX_ENGINES, flag),
-    )
-
-
-def _yaml_int(data: Mapping[str, object], key: str, default: int, flag: str) -> int:
-    value = data.get(key, default)
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise ConfigError(f"{flag}: '{key}' must be an integer, got {value!r}")
-    return value
-
-
 def check_engine_bounds(
     bounds: AutoscalerBoundsLike, initial_engines: int, source: str | None = None
 ) -> tuple[str, ...]:
@@ -388,7 +345,7 @@ def build_plan(
     """Build and validate the plan; raises ConfigError naming the flag to fix.
 
     ``env`` is the environment as a mapping (pass ``os.environ``); ``autoscaler`` is the loaded
-    autoscaler config (``load_autoscaler_bounds`` or the full model), required when
+    autoscaler config (the full model, ``relax.autoscaler.config.load_autoscaler_config``), required when
     ``--autoscaler-config`` is set.
     """
     env = env or {}
@@ -449,12 +406,6 @@ def build_plan(
         api_host=args.api_host,
         api_port=args.api_port,
     )
-
-
-def plan_from_args(args: TrainArgs, env: Mapping[str, str] | None = None) -> Plan:
-    """Convenience for the driver: load the autoscaler YAML if one is given, then ``build_plan``."""
-    bounds = load_autoscaler_bounds(args.autoscaler_config) if args.autoscaler_config else None
-    return build_plan(args, env=env, autoscaler=bounds)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -21,8 +21,7 @@ from relax.cluster.kuberay.groups import cluster_groups, parse_start_resources, 
 from relax.cluster.kuberay.rules import check_documents
 from relax.cluster.kuberay.schema import vendored_schema
 from relax.config.flags import parse_args
-from relax.config.plan import build_plan, load_autoscaler_bounds
-from tests.unit.test_plan import recipe_qwen3_4b_args
+from tests.unit.test_plan import driver_plan, recipe_qwen3_4b_args
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = REPO / "examples" / "elastic_rollout" / "k8s" / "base"
@@ -56,8 +55,7 @@ def elastic(bodies: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def recipe_plan():
-    return build_plan(parse_args(recipe_qwen3_4b_args(AUTOSCALER)), env={},
-                      autoscaler=load_autoscaler_bounds(AUTOSCALER))
+    return driver_plan(parse_args(recipe_qwen3_4b_args(AUTOSCALER)), env={})
 
 
 def rules_found(bodies: list[dict[str, Any]], plan=None) -> set[Rule]:
@@ -339,8 +337,7 @@ def test_too_few_gpus_at_start() -> None:
 
 def test_another_node_group_prefix_is_read_from_the_plan() -> None:
     bodies = base_bodies()
-    plan = build_plan(parse_args(recipe_qwen3_4b_args(AUTOSCALER)), env={"RELAX_INITIAL_NODE_GROUP": "baseline"},
-                      autoscaler=load_autoscaler_bounds(AUTOSCALER))
+    plan = driver_plan(parse_args(recipe_qwen3_4b_args(AUTOSCALER)), env={"RELAX_INITIAL_NODE_GROUP": "baseline"})
     messages = [f.message for f in check_documents(documents(bodies), node_group="baseline", plan=plan)]
     assert any("baseline_gpu, baseline_cpu" in m for m in messages)
 

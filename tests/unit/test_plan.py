@@ -3,21 +3,22 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 
-from relax.config.flags import ConfigError, RewardType, parse_args
+from relax.autoscaler.config import load_autoscaler_config
+from relax.config.flags import ConfigError, RewardType, TrainArgs, parse_args
 from relax.config.plan import (
     CONTROL_PLANE_MARKER_AMOUNT,
     AffinityStatus,
     AutoscalerBounds,
     Bundle,
+    Plan,
     build_plan,
     format_plan,
-    load_autoscaler_bounds,
     parse_resource,
-    plan_from_args,
     validate_paths,
     validate_plan_against_cluster,
 )
@@ -73,6 +74,13 @@ def recipe_qwen3_4b_args(autoscaler_yaml: str, rm_type: str = "deepscaler") -> l
     ]
 
 
+def driver_plan(args: TrainArgs, env: Mapping[str, str] | None = None) -> Plan:
+    """The plan as the driver builds it (``relax.entrypoints.train.main``): the autoscaler YAML, when given, loaded
+    whole, then ``build_plan``."""
+    autoscaler = load_autoscaler_config(args.autoscaler_config) if args.autoscaler_config else None
+    return build_plan(args, env, autoscaler=autoscaler)
+
+
 def _write_yaml(path: Path, text: str) -> str:
     path.write_text(text)
     return str(path)
@@ -114,7 +122,7 @@ def test_recipe_parses(recipe_argv):
 
 
 def test_recipe_plan_has_four_trainer_gpus_and_four_pinned_one_gpu_engines(recipe_argv):
-    plan = plan_from_args(parse_args(recipe_argv), env={})
+    plan = driver_plan(parse_args(recipe_argv), env={})
     assert (plan.trainer_gpus, plan.initial_engines, plan.gpus_per_engine) == (4, 4, 1)
     assert plan.affinity is AffinityStatus.ON and plan.node_group == "stable"
     assert [b.to_ray() for b in plan.trainer_bundles] == [STABLE_BUNDLE] * 4
@@ -130,7 +138,7 @@ def test_recipe_plan_has_four_trainer_gpus_and_four_pinned_one_gpu_engines(recip
 
 
 def test_recipe_dry_run_text(recipe_argv):
-    text = format_plan(plan_from_args(parse_args(recipe_argv), env={}))
+    text = format_plan(driver_plan(parse_args(recipe_argv), env={}))
     assert "trainer (actor)  4 GPUs; bundles 4 × {GPU: 1, CPU: 1, stable_gpu: 1, stable_cpu: 1}" in text
     assert "4 initial engines × 1 GPU = 4 GPUs" in text
     assert "autoscaler enabled min 4 / max 8" in text
@@ -141,16 +149,16 @@ def test_recipe_dry_run_text(recipe_argv):
 
 def test_recipe_node_group_comes_from_the_env_parameter(recipe_argv, monkeypatch):
     monkeypatch.setenv("RELAX_INITIAL_NODE_GROUP", "ignored_because_env_is_a_parameter")
-    plan = plan_from_args(parse_args(recipe_argv), env={"RELAX_INITIAL_NODE_GROUP": "baseline"})
+    plan = driver_plan(parse_args(recipe_argv), env={"RELAX_INITIAL_NODE_GROUP": "baseline"})
     assert plan.marker_resources == ("baseline_gpu", "baseline_cpu")
     assert plan.trainer_bundles[0].to_ray()["baseline_gpu"] == 1.0
     assert plan.control_plane_options() == {"baseline_cpu": CONTROL_PLANE_MARKER_AMOUNT}
-    assert plan_from_args(parse_args(recipe_argv), env={}).node_group == "stable"
+    assert driver_plan(parse_args(recipe_argv), env={}).node_group == "stable"
 
 
 def test_bad_node_group_name(recipe_argv):
     with pytest.raises(ConfigError, match="RELAX_INITIAL_NODE_GROUP='a b' is not a valid node-group name"):
-        plan_from_args(parse_args(recipe_argv), env={"RELAX_INITIAL_NODE_GROUP": "a b"})
+        driver_plan(parse_args(recipe_argv), env={"RELAX_INITIAL_NODE_GROUP": "a b"})
 
 
 @pytest.mark.parametrize(
@@ -162,7 +170,7 @@ def test_bad_node_group_name(recipe_argv):
     ],
 )
 def test_affinity_switches(recipe_argv, extra, env, status):
-    plan = plan_from_args(parse_args(recipe_argv + extra), env=env)
+    plan = driver_plan(parse_args(recipe_argv + extra), env=env)
     assert plan.affinity is status
     if status is not AffinityStatus.ON:
         assert plan.marker_resources == () and plan.control_plane_options() == {}
@@ -179,7 +187,7 @@ def test_no_markers_without_an_autoscaler():
 
 def test_disabled_autoscaler_keeps_bounds_but_no_markers(tmp_path):
     path = _write_yaml(tmp_path / "a.yaml", "enabled: false\nmin_engines: 4\nmax_engines: 6\n")
-    plan = plan_from_args(parse_args(_base("--autoscaler-config", path)))
+    plan = driver_plan(parse_args(_base("--autoscaler-config", path)))
     assert plan.affinity is AffinityStatus.NOT_NEEDED and plan.headroom_engines == 2
     assert any("enabled: false" in note for note in plan.notes)
 
@@ -338,11 +346,11 @@ def test_any_object_with_the_bounds_protocol_works():
     assert plan.autoscaler == AutoscalerBounds(True, 4, 6) and plan.headroom_gpus == 2
 
 
-def test_load_autoscaler_bounds(tmp_path):
-    path = _write_yaml(tmp_path / "a.yaml", "enabled: true\nmin_engines: 4\nmax_engines: 8\nextra: 1\n")
-    assert load_autoscaler_bounds(path) == AutoscalerBounds(True, 4, 8)
+def test_the_plan_takes_the_bounds_of_the_loaded_autoscaler_config(tmp_path):
+    path = _write_yaml(tmp_path / "a.yaml", "enabled: true\nmin_engines: 4\nmax_engines: 8\nmetrics_interval_secs: 5\n")
+    assert driver_plan(parse_args(_base("--autoscaler-config", path))).autoscaler == AutoscalerBounds(True, 4, 8)
     defaults = _write_yaml(tmp_path / "d.yaml", "enabled: true\n")
-    assert load_autoscaler_bounds(defaults) == AutoscalerBounds(True, 1, 8)
+    assert driver_plan(parse_args(_base("--autoscaler-config", defaults))).autoscaler == AutoscalerBounds(True, 1, 8)
 
 
 @pytest.mark.parametrize(
@@ -351,22 +359,22 @@ def test_load_autoscaler_bounds(tmp_path):
         ("enabled: [\n", "not valid YAML at line"),
         ("", "the file is empty"),
         ("- 1\n- 2\n", "expected a mapping"),
-        ("enabled: maybe\n", "'enabled' must be true or false"),
-        ("enabled: true\nmin_engines: four\n", "'min_engines' must be an integer"),
-        ("enabled: true\nmax_engines: 8.5\n", "'max_engines' must be an integer"),
+        ("enabled: maybe\n", "enabled must be true or false"),
+        ("enabled: true\nmin_engines: four\n", "min_engines must be an integer"),
+        ("enabled: true\nmax_engines: 8.5\n", "max_engines must be an integer"),
     ],
 )
-def test_load_autoscaler_bounds_errors(tmp_path, text, fragment):
+def test_a_bad_autoscaler_config_stops_the_plan_naming_the_flag(tmp_path, text, fragment):
     path = _write_yaml(tmp_path / "bad.yaml", text)
-    with pytest.raises(ConfigError) as info:
-        load_autoscaler_bounds(path)
+    with pytest.raises(ConfigError) as info:  # what the driver prints before it exits
+        driver_plan(parse_args(_base("--autoscaler-config", path)))
     assert str(info.value).startswith(f"--autoscaler-config {path}: ")
     assert fragment in str(info.value)
 
 
 def test_missing_autoscaler_file(tmp_path):
     with pytest.raises(ConfigError, match="no such file"):
-        load_autoscaler_bounds(str(tmp_path / "nope.yaml"))
+        driver_plan(parse_args(_base("--autoscaler-config", str(tmp_path / "nope.yaml"))))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -374,13 +382,13 @@ def test_missing_autoscaler_file(tmp_path):
 
 
 def test_cluster_that_fits(recipe_argv):
-    plan = plan_from_args(parse_args(recipe_argv), env={})
+    plan = driver_plan(parse_args(recipe_argv), env={})
     resources = {"GPU": 8.0, "CPU": 64.0, "stable_gpu": 8.0, "stable_cpu": 64.0}
     assert validate_plan_against_cluster(plan, resources) == []
 
 
 def test_missing_markers_name_them_and_the_switch(recipe_argv):
-    plan = plan_from_args(parse_args(recipe_argv), env={})
+    plan = driver_plan(parse_args(recipe_argv), env={})
     problems = validate_plan_against_cluster(plan, {"GPU": 8.0, "CPU": 64.0})
     assert len(problems) == 1
     assert "stable_gpu, stable_cpu" in problems[0]
@@ -388,14 +396,14 @@ def test_missing_markers_name_them_and_the_switch(recipe_argv):
 
 
 def test_only_the_missing_marker_is_named(recipe_argv):
-    plan = plan_from_args(parse_args(recipe_argv), env={"RELAX_INITIAL_NODE_GROUP": "baseline"})
+    plan = driver_plan(parse_args(recipe_argv), env={"RELAX_INITIAL_NODE_GROUP": "baseline"})
     problems = validate_plan_against_cluster(plan, {"GPU": 8.0, "CPU": 64.0, "baseline_gpu": 8.0})
     assert len(problems) == 1
     assert "marker resources baseline_cpu (" in problems[0]
 
 
 def test_too_few_gpus_cpus_and_marker_amounts(recipe_argv):
-    plan = plan_from_args(parse_args(recipe_argv), env={})
+    plan = driver_plan(parse_args(recipe_argv), env={})
     problems = validate_plan_against_cluster(plan, {"GPU": 4.0, "CPU": 2.0, "stable_gpu": 4.0, "stable_cpu": 8.0})
     assert any("has 4 GPUs but the baseline needs 8 (4 trainer + 4 rollout)" in p for p in problems)
     assert any("has 2 CPUs but the baseline bundles need 8" in p for p in problems)
@@ -423,11 +431,11 @@ def test_bundle_to_ray():
 
 
 def test_the_plan_names_the_backend_and_the_interpreter(recipe_argv):
-    text = format_plan(plan_from_args(parse_args(recipe_argv), env={"RELAX_SGLANG_PYTHON": "/opt/sglang/bin/python"}))
+    text = format_plan(driver_plan(parse_args(recipe_argv), env={"RELAX_SGLANG_PYTHON": "/opt/sglang/bin/python"}))
     assert "rollout engines  4 x sglang (python /opt/sglang/bin/python), 1 GPU each" in text
     assert "on a node without CUDA, SGLang's CPU platform (bf16" in text  # what Relax chooses there, said up front
     argv = [*recipe_argv, "--sglang-python", "/venvs/sg/bin/python"]  # the flag wins over the environment
-    text = format_plan(plan_from_args(parse_args(argv), env={"RELAX_SGLANG_PYTHON": "/opt/sglang/bin/python"}))
+    text = format_plan(driver_plan(parse_args(argv), env={"RELAX_SGLANG_PYTHON": "/opt/sglang/bin/python"}))
     assert "4 x sglang (python /venvs/sg/bin/python)" in text
 
 
@@ -435,16 +443,16 @@ def test_auto_and_builtin_in_the_plan():
     import sys
 
     base = ["--num-rollout", "1", "--resource", '{"actor": [1, 1], "rollout": [1, 2]}']
-    auto = format_plan(plan_from_args(parse_args(base), env={}))
+    auto = format_plan(driver_plan(parse_args(base), env={}))
     assert (f"2 x auto: sglang (python {sys.executable}, the engine's own interpreter) if the engine's GPUs are "
             "CUDA devices, else builtin") in auto
-    builtin = format_plan(plan_from_args(parse_args([*base, "--rollout-backend", "builtin"]), env={}))
+    builtin = format_plan(driver_plan(parse_args([*base, "--rollout-backend", "builtin"]), env={}))
     assert f"2 x builtin (python {sys.executable}, the engine's own interpreter), 1 GPU each" in builtin
 
 
 def test_the_plan_names_the_control_plane_url():
     base = ["--num-rollout", "1", "--resource", '{"actor": [1, 1], "rollout": [1, 1]}']
-    local = format_plan(plan_from_args(parse_args(base), env={}))
+    local = format_plan(driver_plan(parse_args(base), env={}))
     assert "control plane    http://127.0.0.1:8000 (this node only; from elsewhere: ssh -L 8000:127.0.0.1:8000" in local
-    wide = format_plan(plan_from_args(parse_args([*base, "--api-host", "0.0.0.0", "--api-port", "8100"]), env={}))
+    wide = format_plan(driver_plan(parse_args([*base, "--api-host", "0.0.0.0", "--api-port", "8100"]), env={}))
     assert "http://0.0.0.0:8100 (reachable from other machines; RELAX_API_TOKEN required)" in wide

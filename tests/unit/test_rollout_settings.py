@@ -6,11 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from relax.config.flags import PartialSuccessPolicy, parse_args
-from relax.config.plan import plan_from_args
 from relax.config.verify_weights import VerifyPolicy
 from relax.rollout.settings import RunFacts, rollout_settings
 from relax.weights.pause_mode import PauseMode
-from tests.unit.test_plan import recipe_qwen3_4b_args
+from tests.unit.test_plan import driver_plan, recipe_qwen3_4b_args
 
 FACTS = RunFacts(backend="sglang", broadcast_backend="nccl", engines_per_node=1, engine_log_dir="/runs/r1/engines",
                  engine_api_key="run-secret", engine_generation_key="user-key", external_engine_api_key="ops-key",
@@ -21,7 +20,7 @@ def settings_for(tmp_path: Path, *extra: str):
     yaml = tmp_path / "autoscaler.yaml"
     yaml.write_text("enabled: true\nmin_engines: 4\nmax_engines: 8\n")
     args = parse_args([*recipe_qwen3_4b_args(str(yaml)), *extra])
-    return rollout_settings(args, plan_from_args(args, env={}), FACTS)
+    return rollout_settings(args, driver_plan(args, env={}), FACTS)
 
 
 def test_the_recipe_lands_in_the_part_that_reads_each_knob(tmp_path: Path) -> None:
@@ -74,7 +73,7 @@ def test_joining_engines_start_with_dummy_weights_where_that_is_verified(tmp_pat
     def dummy(backend: str, *extra: str) -> bool:
         args = parse_args([*recipe_qwen3_4b_args(str(yaml)), *extra])
         facts = dataclasses.replace(FACTS, backend=backend)
-        return rollout_settings(args, plan_from_args(args, env={}), facts).fleet.dummy_joins
+        return rollout_settings(args, driver_plan(args, env={}), facts).fleet.dummy_joins
 
     assert (dummy("builtin"), dummy("sglang")) == (True, False)
     assert dummy("sglang", "--joiner-weights", "dummy") and not dummy("builtin", "--joiner-weights", "checkpoint")
