@@ -228,10 +228,6 @@ class SampleBuffer:
 
         await self._mutate(_close)
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
     async def wait_for(self, predicate: Callable[[SampleBuffer], bool], timeout: float | None = None) -> None:
         """Wait until ``predicate(buffer)`` holds (re-checked after every async mutation)."""
         cond = self._condition()

@@ -192,13 +192,6 @@ class PromptGroup:
     def num_tokens(self) -> int:
         return sum(s.response_length for s in self.samples)
 
-    def with_rewards(self, rewards: Sequence[float]) -> PromptGroup:
-        if len(rewards) != len(self.samples):
-            raise ValueError(f"{len(rewards)} rewards for {len(self.samples)} samples")
-        return dataclasses.replace(
-            self, samples=tuple(s.with_reward(r) for s, r in zip(self.samples, rewards, strict=True))
-        )
-
     def with_advantages(self, advantages: Sequence[float]) -> PromptGroup:
         if len(advantages) != len(self.samples):
             raise ValueError(f"{len(advantages)} advantages for {len(self.samples)} samples")

@@ -61,7 +61,6 @@ class BlockedTimeTracker:
         self._started = clock()
         self._blocked_since: float | None = None
         self._intervals: deque[tuple[float, float]] = deque()  # closed (start, end) blocked intervals
-        self._total_closed = 0.0
 
     @property
     def blocked(self) -> bool:
@@ -75,18 +74,11 @@ class BlockedTimeTracker:
         elif not blocked and self._blocked_since is not None:
             start, self._blocked_since = self._blocked_since, None
             self._intervals.append((start, now))
-            self._total_closed += now - start
             self._prune(now)
 
     def _prune(self, now: float) -> None:
         while self._intervals and self._intervals[0][1] < now - self._history:
             self._intervals.popleft()
-
-    def total_blocked_secs(self) -> float:
-        """Blocked seconds since creation (a monotonic counter, e.g. for Prometheus)."""
-        now = self._clock()
-        ongoing = now - self._blocked_since if self._blocked_since is not None else 0.0
-        return self._total_closed + ongoing
 
     def blocked_fraction(self, window_secs: float | None = None) -> float:
         """Share of the last ``window_secs`` (default: since creation, capped by history) spent blocked.

@@ -182,12 +182,12 @@ def test_sample_normalises_and_validates() -> None:
 def test_prompt_group_consistency() -> None:
     g = make_group(0, 0, n=3)
     assert len(g) == 3 and g.num_tokens == 9
-    scored = g.with_rewards([1, 0, 1])
+    scored = PromptGroup.from_samples([s.with_reward(r) for s, r in zip(g, [1, 0, 1], strict=True)])
     assert scored.rewards == [1.0, 0.0, 1.0]
     assert [s.advantage for s in scored.with_advantages([0.5, -1, 0.5])] == [0.5, -1.0, 0.5]
     with pytest.raises(ValueError, match="does not belong"):
         PromptGroup("other", 0, 0, g.samples)
     with pytest.raises(ValueError):
         PromptGroup.from_samples([])
-    with pytest.raises(ValueError, match="2 rewards for 3"):
-        g.with_rewards([1, 0])
+    with pytest.raises(ValueError, match="2 advantages for 3"):
+        scored.with_advantages([1, 0])
