@@ -390,10 +390,6 @@ class EngineActor:
         server = self._server
         return "" if server is None else server.log_tail(lines)
 
-    def evicted_at(self) -> float | None:
-        """Unix time of the SIGTERM that announced an eviction, or None."""
-        return self._evicted_at
-
     # -- eviction ---------------------------------------------------------------------------------
 
     def _install_sigterm_hook(self) -> None:

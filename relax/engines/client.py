@@ -57,7 +57,6 @@ SGLANG_ROUTES_USED: tuple[str, ...] = (
     "/continue_generation",
     "/abort_request",
     "/update_weights_from_disk",
-    "/update_weight_version",
     "/init_weights_update_group",
     "/begin_weight_update",
     "/update_weights_from_distributed",
@@ -238,10 +237,6 @@ class EngineClient:
 
     def __repr__(self) -> str:
         return f"EngineClient({self.base_url!r})"
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
 
     async def aclose(self) -> None:
         self._closed = True
@@ -518,17 +513,6 @@ class EngineClient:
             )
         return result
 
-    async def update_weight_version(self, version: int | str) -> dict[str, Any]:
-        """``POST /update_weight_version`` — always with ``abort_all_requests: false``.
-
-        SGLang's default for this route is to abort every request in flight (a fully-async run that bumps the
-        version after a pause would lose every running generation). Relax sets versions through the update
-        calls' ``weight_version``; this is the only way it may call this route.
-        """
-        body = {"new_version": str(version), "abort_all_requests": False}
-        return self._check_success(await self._post_json("/update_weight_version", body), "/update_weight_version",
-                                   f"did not set weight version {version}")
-
     # -- broadcast weight updates (SGLang's distributed protocol) -----------------------------------
 
     def _check_success(self, result: Any, endpoint: str, what: str) -> dict[str, Any]:
@@ -586,10 +570,6 @@ class EngineClient:
         SGLang 0.5.23 still answers ``/get_server_info`` but logs a deprecation warning on every call.
         """
         return await self._get_json("/server_info")
-
-    async def get_model_info(self) -> dict[str, Any]:
-        """``GET /model_info``: model path, kind and the weight version served."""
-        return await self._get_json("/model_info")
 
     async def get_weight_version(self) -> str:
         """The version string the engine serves, from ``/model_info`` (SGLang has no other route for it).

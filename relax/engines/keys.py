@@ -57,10 +57,6 @@ class EngineKeys:
         """One key for both sides: an engine Relax did not start (``engine_urls``), which has one key at most."""
         return cls(key, key)
 
-    def for_route(self, path: str) -> str | None:
-        """The key a call to ``path`` must carry."""
-        return self.admin if is_admin_route(path) else self.generation
-
     def __bool__(self) -> bool:
         return bool(self.generation or self.admin)
 

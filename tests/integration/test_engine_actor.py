@@ -128,7 +128,6 @@ def test_engine_actor_in_a_placement_group(ray_cluster, tiny_preset, tmp_path: P
         # Eviction: SIGTERM to the actor process notifies the manager and keeps the engine serving.
         os.kill(info["actor_pid"], signal.SIGTERM)
         wait_for(lambda: ray.get(recorder.seen.remote()) == ["engine_7"], 30, "the eviction notice")
-        assert ray.get(actor.evicted_at.remote()) is not None
         assert ray.get(actor.is_alive.remote()) is True
         asyncio.run(exercise_engine(info["url"]))
 

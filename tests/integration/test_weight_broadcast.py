@@ -217,10 +217,11 @@ def test_a_hold_reuses_the_dropped_versions_memory_unless_a_broadcast_reads_it()
     assert sender.held_versions() == [3, 4]
 
 
-async def test_the_version_bump_trap_is_sglangs_and_relaxs_client_steps_around_it(
+async def test_the_version_bump_trap_is_sglangs_and_abort_all_false_steps_around_it(
     tiny_preset, start_engine, prompt_ids
 ) -> None:
-    """/update_weight_version with SGLang's default aborts what is in flight; the client's call never does."""
+    """/update_weight_version with SGLang's default aborts what is in flight; with ``abort_all_requests: false`` it
+    keeps it (Relax never calls the route: versions travel with the weight updates)."""
     engine = start_engine(tiny_preset.model_dir, weight_version="0")
     async with EngineClient(engine.url, timeout=120) as client, \
             httpx.AsyncClient(base_url=engine.url, timeout=60, trust_env=False) as http:
@@ -236,7 +237,8 @@ async def test_the_version_bump_trap_is_sglangs_and_relaxs_client_steps_around_i
             return request
 
         kept = await long_request()
-        await client.update_weight_version(7)
+        r = await http.post("/update_weight_version", json={"new_version": "7", "abort_all_requests": False})
+        assert r.status_code == 200 and r.json()["success"]
         out = await kept
         assert out["meta_info"]["finish_reason"]["type"] == "length" and len(out["output_ids"]) == 200
         assert [s["version"] for s in out["meta_info"]["weight_versions"]] == ["0", "7"]

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from relax.engines.backends import SGLangBackend
-from relax.engines.keys import EngineKeys, engine_keys
+from relax.engines.keys import EngineKeys, engine_keys, is_admin_route
 from relax.engines.launcher import ServerLaunchError, ServerProcess
 from relax.engines.sglang import SGLangOptions
 
@@ -44,7 +44,7 @@ class KeyedAuth(httpx.Auth):
         self.keys = keys
 
     def auth_flow(self, request: httpx.Request) -> Iterator[httpx.Request]:
-        key = self.keys.for_route(request.url.path)
+        key = self.keys.admin if is_admin_route(request.url.path) else self.keys.generation
         if key:
             request.headers["Authorization"] = f"Bearer {key}"
         yield request

@@ -42,8 +42,10 @@ def test_one_key_opens_both_sides_and_no_key_opens_everything() -> None:
 
 def test_keys_for_routes_and_per_engine_derivation() -> None:
     keys = engine_keys("secret", "engine_3")
-    assert keys.for_route("/generate") == keys.generation and keys.for_route("/end_weight_update") == keys.admin
-    assert is_admin_route("/weights_checker/") and not is_admin_route("/generate")
+    assert keys.generation and keys.admin and keys.generation != keys.admin
+    assert keys == engine_keys("secret", "engine_3") and keys != engine_keys("secret", "engine_4")
+    assert is_admin_route("/end_weight_update") and is_admin_route("/weights_checker/")
+    assert not is_admin_route("/generate")
     assert "secret" not in repr(keys) and keys.generation not in repr(keys)
     assert EngineKeys.single("k") == EngineKeys("k", "k") and not EngineKeys()
 

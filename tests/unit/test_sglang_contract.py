@@ -122,7 +122,6 @@ async def drive_client(url: str) -> None:
         await client.generate(input_ids=[1, 2, 3], sampling_params=params, rid="r", return_logprob=True)
         await client.generate("hi", sampling_params=params)
         await client.update_weights_from_disk("/ckpt/step_3", 3, load_format="auto")
-        await client.update_weight_version(3)
         await client.pause_generation("retract")
         await client.init_weights_update_group("10.0.0.1", 29500, 1, 2, group_name="g", backend="nccl")
         await client.begin_weight_update()
@@ -137,7 +136,7 @@ async def drive_client(url: str) -> None:
         await client.health()
         await client.health_generate()
         await client.metrics_text()
-        for name in ("get_server_info", "get_model_info", "get_weight_version"):  # names may change
+        for name in ("get_server_info", "get_weight_version"):  # names may change
             if hasattr(client, name):
                 await getattr(client, name)()
 
@@ -211,13 +210,13 @@ def test_relax_never_bumps_a_version_with_sglangs_abort_all_default(
     client_requests: list[tuple[str, str, Any]],
 ) -> None:
     """SGLang's /update_weight_version aborts every request in flight unless told not to (the version-bump trap):
-    whatever calls it must say ``abort_all_requests: false``, and only the client's one method calls it."""
-    bodies = [body for _, path, body in client_requests if path == "/update_weight_version"]
-    assert bodies and all(body.get("abort_all_requests") is False for body in bodies), bodies
+    Relax never calls it. Versions travel with the weight updates' ``weight_version``."""
+    assert all(path != "/update_weight_version" for _, path, _ in client_requests)
     callers = sorted(str(f.relative_to(REPO)) for f in (REPO / "relax").rglob("*.py")
                      if "/update_weight_version" in f.read_text() and "builtin" not in f.parts
                      and f.name != "keys.py")  # keys.py lists control routes; it calls none
-    assert callers == ["relax/engines/client.py"], f"call it through EngineClient.update_weight_version: {callers}"
+    assert callers == [], (f"{callers} call /update_weight_version: set versions through the weight update, or send "
+                           "abort_all_requests: false (SGLang's default aborts every request in flight)")
 
 
 def test_managed_flags_are_sglang_flags_or_abbreviations_of_one() -> None:
