@@ -181,13 +181,6 @@ class RolloutManager:
     async def start_generation(self, start_step: int = 0, cursor: dict[str, int] | None = None) -> None:
         self.rollout.loop.start(start_step, cursor)
 
-    async def get_partition(self, step: int, timeout: float | None = None) -> dict[str, Any]:
-        """Wait for rollout step `step`, free its partition and return its samples as dicts (tests, scripts;
-        a training run takes :meth:`take_step` instead)."""
-        part = await self.rollout.loop.take(step, timeout)
-        return {"step": step, "samples": [s.to_dict() for s in part.samples], "cursor_end": part.cursor_end,
-                "metrics": part.metrics}
-
     async def take_step(self, step: int, plan: BatchPlan, timeout: float | None = None,
                         report: dict[str, Any] | None = None, record_samples: bool = False) -> dict[str, Any]:
         """The driver's one call per step: record the previous step's training figures (``report``), wait for

@@ -67,11 +67,12 @@ def test_published_version_is_served_by_every_engine_with_the_trainers_log_probs
     """Both paths on the same engines: v1 through the object store, v2 (after a second step) by broadcast."""
     manager, trainer = stack
     ray.get(manager.start_generation.remote(0, None))
-    part = ray.get(manager.get_partition.remote(0, 120), timeout=150)
-    assert {s["weight_version"] for s in part["samples"]} == {0}
-    prompt_ids = part["samples"][0]["prompt_token_ids"]
+    step = ray.get(manager.take_step.remote(0, trainer.batch_plan(), 120), timeout=150)  # as the driver takes it
+    samples = [s for shard in ray.get(step["shards"]) for s in shard]
+    assert {s["weight_version"] for s in samples} == {0}
+    prompt_ids = samples[0]["prompt_token_ids"]
     for version, path in ((1, "object-store"), (2, "broadcast")):
-        metrics = trainer.train_step(part["samples"])
+        metrics = trainer.train_step(samples)
         assert metrics["num_samples"] == 16
         publish(manager, trainer, version, path)
         assert ray.get(manager.wait_weights.remote(version, 60), timeout=90)

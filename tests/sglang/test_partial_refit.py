@@ -99,7 +99,7 @@ async def test_a_session_cut_short_fails_the_engine_instead_of_serving_it(tiny_p
             await asyncio.sleep(0.05)
         assert pool.get("engine_0").state is EngineState.FAILED, pool.get("engine_0")
         assert time.monotonic() - began < 60
-        assert not fleet.router.is_routable("engine_0")  # never routed again
+        assert "engine_0" not in fleet.router.routable()  # never routed again
         after_failure = states[states.index(EngineState.FAILED):] if EngineState.FAILED in states else []
         assert EngineState.ACTIVE not in after_failure
         # why it must not serve: what the engine holds now is neither version (read through SGLang's checker)

@@ -200,13 +200,10 @@ def test_engine_can_join_rejects_bad_version(pool: EnginePool) -> None:
 # -- ids ------------------------------------------------------------------------------------------------
 
 
-def test_ids_are_monotonic_and_never_reused(pool: EnginePool, clock: FakeClock) -> None:
+def test_ids_are_monotonic_and_never_reused(pool: EnginePool) -> None:
     ids = [pool.add(EngineKind.INITIAL).engine_id for _ in range(3)]
     assert ids == ["engine_0", "engine_1", "engine_2"]
     pool.transition("engine_2", S.REMOVED)
-    clock.advance(100)
-    assert pool.remove_terminal_older_than(10) == ["engine_2"]
-    assert "engine_2" not in pool
     assert pool.add(EngineKind.ELASTIC).engine_id == "engine_3"
 
 
@@ -214,9 +211,9 @@ def test_ids_survive_snapshot_and_restore(pool: EnginePool, clock: FakeClock) ->
     for _ in range(5):
         pool.add(EngineKind.ELASTIC)
     pool.transition("engine_4", S.FAILED)
-    clock.advance(100)
-    pool.remove_terminal_older_than(0)  # engine_4 forgotten: only the counter remembers it
-    restored = EnginePool.from_dict(pool.to_dict(), clock)
+    snapshot = pool.to_dict()
+    snapshot["engines"] = [e for e in snapshot["engines"] if e["engine_id"] != "engine_4"]  # only the counter knows it
+    restored = EnginePool.from_dict(snapshot, clock)
     assert restored.next_number == 5
     assert restored.add(EngineKind.ELASTIC).engine_id == "engine_5"
 
@@ -285,7 +282,7 @@ def test_routable_is_active_only(pool: EnginePool) -> None:
     assert pool.routable() == [ids[S.ACTIVE]]
 
 
-def test_counts_and_live_count(pool: EnginePool) -> None:
+def test_counts_and_live(pool: EnginePool) -> None:
     for state in EngineState:
         at_state(pool, state)
     at_state(pool, S.ACTIVE)
@@ -293,14 +290,14 @@ def test_counts_and_live_count(pool: EnginePool) -> None:
     assert set(counts) == set(EngineState)
     assert counts[S.ACTIVE] == 2 and counts[S.PENDING] == 1 and counts[S.FAILED] == 1
     assert sum(counts.values()) == len(pool) == 9
-    assert pool.live_count() == 7  # everything but REMOVED and FAILED, pending included
-    assert pool.live_count(kinds=[EngineKind.INITIAL]) == 0
+    assert len(pool.live()) == 7  # everything but REMOVED and FAILED, pending included
+    assert [r for r in pool.live() if r.kind is EngineKind.INITIAL] == []
     assert [r.state for r in pool.live()] == [s for s in EngineState if not s.terminal] + [S.ACTIVE]
 
 
 def test_empty_pool_counts(pool: EnginePool) -> None:
     assert pool.counts() == dict.fromkeys(EngineState, 0)
-    assert pool.live_count() == 0 and pool.min_active_weight_version() is None
+    assert pool.live() == [] and pool.min_active_weight_version() is None
 
 
 def test_elastic_victims_are_newest_elastic_active_first(pool: EnginePool) -> None:
@@ -355,21 +352,6 @@ def test_by_url_skips_terminal_engines_unless_asked(pool: EnginePool) -> None:
     assert pool.by_url("http://h:1", live_only=False).engine_id == old
     new = pool.add(EngineKind.EXTERNAL, url="http://h:1").engine_id
     assert pool.by_url("http://h:1").engine_id == new
-
-
-def test_remove_terminal_older_than_keeps_recent_and_live(pool: EnginePool, clock: FakeClock) -> None:
-    gone = at_state(pool, S.REMOVED)
-    clock.advance(50)
-    recent = at_state(pool, S.FAILED)
-    active = at_state(pool, S.ACTIVE)
-    clock.advance(50)
-    assert pool.remove_terminal_older_than(60) == [gone]
-    assert recent in pool and active in pool
-    clock.advance(10_000)
-    assert pool.remove_terminal_older_than(60) == [recent]
-    assert active in pool
-    with pytest.raises(ValueError):
-        pool.remove_terminal_older_than(-1)
 
 
 # -- REST shape -----------------------------------------------------------------------------------------

@@ -59,7 +59,7 @@ async def _scale_out_to(client: httpx.AsyncClient, backend: LocalRollout, n: int
 def _nothing_changed(backend: LocalRollout, events_before: int) -> None:
     assert len(backend.registry) == 0
     assert backend.event_log.total == events_before
-    assert backend.pool.live_count() == 2
+    assert len(backend.pool.live()) == 2
 
 
 # -- engines ----------------------------------------------------------------------------------------

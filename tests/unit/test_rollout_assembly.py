@@ -77,7 +77,7 @@ async def test_the_rollout_generates_publishes_and_survives_a_dead_engine_withou
         assert rollout.pool.get("engine_0").state is EngineState.FAILED
         assert [len(p.samples) for p in later] == [4, 4]  # nothing lost: the held requests ran elsewhere
         assert all(s.engine_id != "engine_0" for p in later for s in p.samples)
-        assert rollout.router.total_in_flight() == 0
+        assert all(rollout.router.in_flight(r.engine_id) == 0 for r in rollout.pool.records())
 
         status = rollout.run_status({"step": 2, "staleness_mean": 0.5}).to_dict()  # one shape for every reader
         assert (status["training_step"], status["num_rollout"], status["latest_published"]) == (2, 3, 2)

@@ -27,6 +27,12 @@ def router_with(*numbers: int) -> Router:
     return router
 
 
+def pinned(router: Router, group_key: str) -> str | None:
+    """The engine a group is pinned to, if any and still routable (read without a request: one would pin it)."""
+    engine_id = router._groups.get(group_key)
+    return engine_id if engine_id in router.routable() else None
+
+
 # -- choice ---------------------------------------------------------------------------------------------
 
 
@@ -38,7 +44,7 @@ def test_no_engine_available() -> None:
     router.remove("engine_0")
     with pytest.raises(NoEngineAvailable):
         router.acquire("group")
-    assert router.total_in_flight() == 0  # a failed acquire counts nothing
+    assert router.in_flight("engine_0") == 0  # a failed acquire counts nothing
 
 
 def test_least_in_flight_wins() -> None:
@@ -48,7 +54,7 @@ def test_least_in_flight_wins() -> None:
     assert router.acquire() == "engine_1"
     router.release("engine_2")
     router.release("engine_2")
-    assert router.in_flight_counts() == {"engine_0": 2, "engine_1": 2, "engine_2": 0}
+    assert [router.in_flight(e) for e in router.routable()] == [2, 2, 0]
     assert router.acquire() == "engine_2"
 
 
@@ -64,7 +70,7 @@ def test_in_flight_counts_are_exact() -> None:
     router = router_with(0)
     for _ in range(5):
         router.acquire()
-    assert router.in_flight("engine_0") == 5 and router.total_in_flight() == 5
+    assert router.in_flight("engine_0") == 5
     assert router.release("engine_0") == 4
     assert router.in_flight("engine_0") == 4
     assert router.in_flight("engine_7") == 0  # unknown engine: nothing in flight
@@ -102,7 +108,7 @@ def test_group_stays_on_its_engine_even_when_it_is_busier() -> None:
     assert [router.acquire("g1") for _ in range(3)] == ["engine_0"] * 3
     assert router.acquire("g2") == "engine_1"  # a new group takes the least loaded engine
     assert router.acquire() == "engine_1"  # ungrouped requests ignore pins
-    assert router.group_engine("g1") == "engine_0" and router.group_engine("g2") == "engine_1"
+    assert pinned(router, "g1") == "engine_0" and pinned(router, "g2") == "engine_1"
 
 
 def test_group_is_repicked_after_its_engine_is_removed() -> None:
@@ -110,7 +116,7 @@ def test_group_is_repicked_after_its_engine_is_removed() -> None:
     assert router.acquire("g") == "engine_0"
     router.acquire()  # engine_1 busier than engine_2
     router.remove("engine_0")
-    assert router.group_engine("g") is None
+    assert pinned(router, "g") is None
     assert router.acquire("g") == "engine_2"
     assert router.acquire("g") == "engine_2"  # pinned to the new engine
     router.add("engine_0")  # coming back does not steal the group back
@@ -123,7 +129,7 @@ def test_end_group_forgets_the_pin() -> None:
     router.acquire("g")
     router.end_group("g")
     router.end_group("g")  # idempotent
-    assert router.group_engine("g") is None
+    assert pinned(router, "g") is None
     assert router.acquire("g") == "engine_1"
 
 
@@ -135,8 +141,8 @@ def test_group_table_is_bounded_lru() -> None:
     router.acquire("b")  # engine_1
     router.acquire("a")  # touch a: b is now least recently used
     router.acquire("c")
-    assert router.group_engine("b") is None
-    assert router.group_engine("a") == "engine_0" and router.group_engine("c") is not None
+    assert pinned(router, "b") is None
+    assert pinned(router, "a") == "engine_0" and pinned(router, "c") is not None
     with pytest.raises(ValueError):
         Router(max_groups=0)
 
@@ -145,7 +151,7 @@ def test_exclude_avoids_failed_engines_and_repins_the_group() -> None:
     router = router_with(0, 1, 2)
     assert router.acquire("g") == "engine_0"
     assert router.acquire("g", exclude={"engine_0"}) == "engine_1"
-    assert router.group_engine("g") == "engine_1"
+    assert pinned(router, "g") == "engine_1"
     assert router.acquire(exclude={"engine_0", "engine_1"}) == "engine_2"
 
 
@@ -166,15 +172,14 @@ def test_drained_only_when_releases_reach_zero_after_removal() -> None:
     router.acquire("g")
     assert not router.drained("engine_0")  # still routable
     assert router.remove("engine_0") == 2
-    assert not router.is_routable("engine_0")
+    assert router.routable() == ["engine_1"]
     assert router.in_flight("engine_0") == 2  # count survives removal
     assert not router.drained("engine_0")
     assert all(router.acquire() == "engine_1" for _ in range(3))  # no new request reaches it
     assert router.release("engine_0") == 1
     assert not router.drained("engine_0")
     assert router.release("engine_0") == 0
-    assert router.drained("engine_0")
-    assert "engine_0" not in router.in_flight_counts()
+    assert router.drained("engine_0") and router.in_flight("engine_0") == 0
     with pytest.raises(ValueError):
         router.release("engine_0")
 
@@ -195,7 +200,7 @@ def test_readding_a_draining_engine_keeps_its_count() -> None:
     router.add("engine_0")
     assert router.in_flight("engine_0") == 1 and not router.drained("engine_0")
     router.release("engine_0")
-    assert router.in_flight_counts() == {"engine_0": 0}
+    assert router.in_flight("engine_0") == 0 and router.routable() == ["engine_0"]
 
 
 # -- retry policy -----------------------------------------------------------------------------------------
@@ -270,7 +275,7 @@ def test_retry_loop_with_router_never_loses_a_sample() -> None:
         assert decision.retry
         excluded = decision.exclude
     assert engine_id == "engine_2" and attempt == 3
-    assert router.total_in_flight() == 0
+    assert [router.in_flight(e) for e in ("engine_0", "engine_1", "engine_2")] == [0, 0, 0]
 
 
 # -- classification ---------------------------------------------------------------------------------------

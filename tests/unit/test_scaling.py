@@ -22,7 +22,7 @@ from relax.rollout.control.api_models import (
     http_status_of,
     parse_body,
 )
-from relax.rollout.pool.engine_pool import EngineKind, EnginePool, EngineState
+from relax.rollout.pool.engine_pool import EngineKind, EnginePool, EngineRecord, EngineState
 from relax.rollout.scaling import (
     FAILED_STATUSES,
     TERMINAL_STATUSES,
@@ -54,6 +54,7 @@ from relax.rollout.scaling import (
     plan_scale_in,
     plan_scale_out,
 )
+from relax.rollout.scaling.states import ROLLBACK_STATES
 
 S = EngineState
 SO = ScaleOutStatus
@@ -573,6 +574,13 @@ def test_cancel_of_finished_scale_in_and_unknown_requests() -> None:
         registry.cancel("so-42")
 
 
+def rollback_candidates(req: ScaleOutRequest, pool: EnginePool) -> list[EngineRecord]:
+    """Engines the request created that never became ACTIVE and are still live: the ones a cancel (or a
+    ``rollback_all`` failure) may remove directly. ACTIVE engines stay: only a scale-in (a drain) takes them."""
+    records = [pool.get(engine_id) for engine_id in req.engines if engine_id in pool]
+    return sorted((r for r in records if r.state in ROLLBACK_STATES), key=lambda r: r.number)
+
+
 def test_rollback_candidates_are_this_requests_engines_not_yet_active() -> None:
     pool = make_pool(initial=4)
     registry = ScaleRequestRegistry(FakeClock())
@@ -589,9 +597,9 @@ def test_rollback_candidates_are_this_requests_engines_not_yet_active() -> None:
     # engine_8 still PENDING
     stray = pool.add(EngineKind.ELASTIC)  # not this request's
     registry.cancel(req.request_id)
-    assert [r.engine_id for r in req.rollback_candidates(pool)] == ["engine_5", "engine_6", "engine_8"]
-    assert stray.engine_id not in [r.engine_id for r in req.rollback_candidates(pool)]
-    for record in req.rollback_candidates(pool):  # the pool allows every candidate to go straight to REMOVED
+    assert [r.engine_id for r in rollback_candidates(req, pool)] == ["engine_5", "engine_6", "engine_8"]
+    assert stray.engine_id not in [r.engine_id for r in rollback_candidates(req, pool)]
+    for record in rollback_candidates(req, pool):  # the pool allows every candidate to go straight to REMOVED
         pool.transition(record.engine_id, S.REMOVED)
     assert req.advance(SO.FAILED) is SO.CANCELLED
     req.observe(pool)

@@ -29,7 +29,6 @@ from pydantic import (
     field_validator,
 )
 
-from relax.rollout.pool.engine_pool import EngineRecord, EngineState
 from relax.rollout.pool.engine_url import normalize_engine_url
 from relax.rollout.scaling import (
     DEFAULT_MODEL,
@@ -598,20 +597,6 @@ class EngineView(BaseModel):
     bring_up: BringUpView | None = None
     """Its bring-up phase by phase (``rollout.fleet.bringup``); None for an engine that was never brought up here."""
 
-    @classmethod
-    def from_record(cls, record: EngineRecord) -> EngineView:
-        return cls(
-            engine_id=record.engine_id,
-            url=record.url,
-            kind=record.kind.value,
-            status=record.state.value,
-            weight_version=record.weight_version,
-            weight_digest=record.weight_digest,
-            weights_verified=record.weights_verified,
-            in_flight=record.in_flight,
-            node_id=record.node_id,
-        )
-
 
 class EngineDetailView(EngineView):
     """``GET /rollout/engines/{engine_id}``: one engine, live or recently gone."""
@@ -647,27 +632,14 @@ class ModelEngines(BaseModel):
 
 
 class EnginesResponse(BaseModel):
-    """``GET /rollout/engines``: ``total_engines`` counts live engines (pending ones included)."""
+    """``GET /rollout/engines``: ``total_engines`` counts live engines (pending ones included).
+
+    Removed and failed engines are left out, so that ``len(engines) == total_engines`` and a client polling for
+    "8 engines" does not count the ghosts of removed ones (the event log keeps their story).
+    """
 
     model_config = _RESPONSE
 
     models: dict[str, ModelEngines]
     total_engines: int
     active_engines: int
-
-    @classmethod
-    def from_records(
-        cls, records: Iterable[EngineRecord], *, model_name: str = DEFAULT_MODEL, include_terminal: bool = False
-    ) -> EnginesResponse:
-        """Build the listing; ``REMOVED``/``FAILED`` records only with ``include_terminal``.
-
-        Terminal records are hidden by default so that ``len(engines) == total_engines`` and a client
-        polling for "8 engines" does not count the ghosts of removed ones (the event log keeps their story).
-        """
-        records = list(records)
-        shown = [r for r in records if include_terminal or r.state.live]
-        return cls(
-            models={model_name: ModelEngines(engines=[EngineView.from_record(r) for r in shown])},
-            total_engines=sum(1 for r in records if r.state.live),
-            active_engines=sum(1 for r in records if r.state is EngineState.ACTIVE),
-        )

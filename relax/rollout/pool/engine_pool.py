@@ -423,15 +423,6 @@ class EnginePool:
             counts[record.state] += 1
         return counts
 
-    def live_count(self, kinds: Iterable[EngineKind] | None = None) -> int:
-        """Engines that count toward the pool size: everything not ``REMOVED``/``FAILED``.
-
-        Pending and starting engines count, so that a scale-out target (an absolute number) is not
-        requested twice while the first engines are still coming up.
-        """
-        kind_set = None if kinds is None else {EngineKind(k) for k in kinds}
-        return sum(1 for r in self._records.values() if r.state.live and (kind_set is None or r.kind in kind_set))
-
     def elastic_victims(self, n: int, *, include_external: bool = False) -> list[EngineRecord]:
         """The ``n`` newest ``ACTIVE`` elastic engines, newest first (LIFO by engine number).
 
@@ -451,19 +442,6 @@ class EnginePool:
         """
         versions = [r.weight_version for r in self.active() if r.weight_version is not None]
         return min(versions) if versions else None
-
-    def remove_terminal_older_than(self, age_secs: float) -> list[str]:
-        """Forget ``REMOVED``/``FAILED`` records that reached that state more than ``age_secs`` ago.
-
-        Bounds memory in a long run. The id counter is untouched, so a forgotten id is still never reused.
-        """
-        if age_secs < 0:
-            raise ValueError(f"age_secs must be >= 0, got {age_secs!r}")
-        cutoff = self._clock() - age_secs
-        gone = [r.engine_id for r in self._records.values() if r.state.terminal and r.state_since < cutoff]
-        for engine_id in gone:
-            del self._records[engine_id]
-        return sorted(gone, key=engine_number)
 
     # -- snapshot / restore ---------------------------------------------------------------------------
 

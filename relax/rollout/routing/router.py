@@ -78,9 +78,6 @@ class Router:
             self._in_flight.pop(engine_id, None)
         return left
 
-    def is_routable(self, engine_id: str) -> bool:
-        return engine_id in self._routable
-
     def routable(self) -> list[str]:
         """Routable engine ids by engine number."""
         return sorted(self._routable, key=engine_number)
@@ -141,23 +138,11 @@ class Router:
     def in_flight(self, engine_id: str) -> int:
         return self._in_flight.get(engine_id, 0)
 
-    def total_in_flight(self) -> int:
-        return sum(self._in_flight.values())
-
     def drained(self, engine_id: str) -> bool:
         """True once the engine is out of routing and none of its requests is still in flight."""
         return engine_id not in self._routable and self._in_flight.get(engine_id, 0) == 0
 
-    def in_flight_counts(self) -> dict[str, int]:
-        """Per-engine in-flight counts (routable engines and removed ones not yet drained)."""
-        return {e: self._in_flight[e] for e in sorted(self._in_flight, key=engine_number)}
-
     # -- groups -------------------------------------------------------------------------------------
-
-    def group_engine(self, group_key: Hashable) -> str | None:
-        """The engine a group is pinned to, if any (and still routable)."""
-        engine_id = self._groups.get(group_key)
-        return engine_id if engine_id in self._routable else None
 
     def end_group(self, group_key: Hashable) -> None:
         """Forget a finished group's pin (idempotent)."""

@@ -19,7 +19,6 @@ from relax.rollout.scaling.errors import IllegalRequestTransition, NotCancellabl
 from relax.rollout.scaling.planner import ScaleInPlan, ScaleOutPlan, _check_count, engine_phase_timings
 from relax.rollout.scaling.states import (
     ENGINE_RANK,
-    ROLLBACK_STATES,
     SCALE_OUT_RANK,
     Direction,
     ScaleInStatus,
@@ -221,8 +220,8 @@ class ScaleOutRequest(_Lifecycle):
     def request_cancel(self) -> bool:
         """Ask this request to stop; returns True the first time. Raises :class:`NotCancellable` once it ended.
 
-        Only sets the sticky flag: the shell sees it at its next step, rolls back
-        :meth:`rollback_candidates` and advances to CANCELLED (any other end is turned into CANCELLED).
+        Only sets the sticky flag: the shell sees it at its next step, tears down the engines not yet ACTIVE and
+        advances to CANCELLED (any other end is turned into CANCELLED).
         """
         if self.terminal:
             raise NotCancellable(self.request_id, self.status.value)
@@ -231,18 +230,6 @@ class ScaleOutRequest(_Lifecycle):
         self.cancel_requested = True
         self.cancel_requested_at = self.clock()
         return True
-
-    def rollback_candidates(self, pool: EnginePool) -> list[EngineRecord]:
-        """Engines this request created that never became ACTIVE and are still live: the ones a cancel (or
-        a ``rollback_all`` failure) removes directly. ACTIVE engines are kept: they serve, and only a
-        scale-in (with a real drain) may take them out."""
-        out = []
-        for engine_id in self.engines:
-            if engine_id in pool:
-                record = pool.get(engine_id)
-                if record.state in ROLLBACK_STATES:
-                    out.append(record)
-        return sorted(out, key=lambda r: r.number)
 
     def timings(self) -> dict[str, Any]:
         """Request totals: end-to-end ``total_s``, seconds per status, and per phase the slowest engine
