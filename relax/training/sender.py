@@ -255,10 +255,6 @@ class WeightSender:
             if not self._pinned(old):
                 del self._versions[old]
 
-    def held_versions(self) -> list[int]:
-        with self._lock:
-            return sorted(self._versions)
-
     def _held(self, version: int) -> HeldVersion:
         with self._lock:
             held = self._versions.get(version)

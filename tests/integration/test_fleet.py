@@ -30,6 +30,7 @@ from relax.rollout.scaling import ScaleInSpec, ScaleOutSpec
 from relax.rollout.settings import FleetSettings, ScalingSettings
 from relax.training.sender import WeightSender
 from relax.weights.publication import WeightRegistry
+from tests.weight_sender import held_versions
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -199,7 +200,7 @@ async def test_a_joining_engine_whose_version_is_superseded_moves_on_to_the_newe
     try:
         await fleet.start_initial([("stable-group", 0)])
         (record,) = pool.active()  # v1 was dropped while its group opened; it joined on v3 instead of failing
-        assert record.weight_version == 3 and sender.held_versions() == [2, 3]
+        assert record.weight_version == 3 and held_versions(sender) == [2, 3]
         assert await fleet.client(record.engine_id).get_weight_version() == "3"
         assert not (await fleet.client(record.engine_id).get_server_info())["paused"]
     finally:

@@ -28,6 +28,7 @@ from relax.rollout.refit.transport import VersionSuperseded
 from relax.training.sender import WeightSender
 from relax.weights.group import host_rendezvous
 from tests.integration.test_builtin_engine import teacher_forced_logprobs
+from tests.weight_sender import held_versions
 
 SETTINGS = BroadcastSettings(backend="gloo", timeout_s=30.0)
 
@@ -82,7 +83,7 @@ async def test_a_broadcast_version_is_served_with_the_trainers_logprobs(
         info = await client.get_server_info()
         assert info["paused"] is False and await client.get_weight_version() == "2"
         await send_version("engine-0", client, group, 5, newest, "retract", 30.0)
-        assert await client.get_weight_version() == "5" and sender.held_versions() == [4, 5]
+        assert await client.get_weight_version() == "5" and held_versions(sender) == [4, 5]
         await close_group(group, client)
         assert sender.groups() == [] and (await client.get_server_info())["weight_update_groups"] == []
 
@@ -140,7 +141,7 @@ def test_superseded_versions_and_unknown_groups_are_refused_clearly() -> None:
     sender = WeightSender("127.0.0.1", keep=2)
     for v in (1, 2, 3):
         sender.hold(v, {"w": torch.ones(4)})
-    assert sender.held_versions() == [2, 3]
+    assert held_versions(sender) == [2, 3]
     with pytest.raises(ValueError, match="strictly increase"):
         sender.hold(1, {"w": torch.ones(4)})  # dropped: older than the newest
     with pytest.raises(KeyError, match="not open"):
@@ -156,15 +157,15 @@ def test_a_pinned_version_outlives_newer_holds_until_its_send_releases_it() -> N
     assert sender.acquire(1, lease_s=60)
     for v in (2, 3):
         sender.hold(v, {"w": torch.full((4,), float(v))})
-    assert sender.held_versions() == [1, 2, 3]  # the send of v1 may still need its next bucket
+    assert held_versions(sender) == [1, 2, 3]  # the send of v1 may still need its next bucket
     sender.wait_copied()
     assert torch.equal(sender._held(1).buffers[0].view(torch.float32), torch.ones(4))  # its memory not reused
     sender.release(1)
-    assert sender.held_versions() == [2, 3]
+    assert held_versions(sender) == [2, 3]
     assert not sender.acquire(1, lease_s=60)  # gone: the manager moves on, its engine untouched
     assert sender.acquire(2, lease_s=0.0)  # a lease that lapsed (its manager stopped mid-send) pins nothing
     sender.hold(4, {"w": torch.ones(4)})
-    assert sender.held_versions() == [3, 4]
+    assert held_versions(sender) == [3, 4]
 
 
 def test_held_buffers_are_copies_a_training_step_cannot_change() -> None:
@@ -206,7 +207,7 @@ def test_a_hold_reuses_the_dropped_versions_memory_unless_a_broadcast_reads_it()
     sender.hold(2, {"w": torch.full((1024,), 2.0)})
     v1_ptr = sender._held(1).buffers[0].data_ptr()
     sender.hold(3, {"w": torch.full((1024,), 3.0)})
-    assert sender.held_versions() == [2, 3]
+    assert held_versions(sender) == [2, 3]
     assert sender._held(3).buffers[0].data_ptr() == v1_ptr  # v1's mapped memory, refilled
     sender.wait_copied()
     assert torch.equal(sender._held(3).buffers[0].view(torch.float32), torch.full((1024,), 3.0))
@@ -214,7 +215,7 @@ def test_a_hold_reuses_the_dropped_versions_memory_unless_a_broadcast_reads_it()
     sender._sending[2] = 1  # a broadcast of v2 is in progress: its bytes must not change under it
     sender.hold(4, {"w": torch.full((1024,), 4.0)})
     assert sender._held(4).buffers[0].data_ptr() != v2_ptr
-    assert sender.held_versions() == [3, 4]
+    assert held_versions(sender) == [3, 4]
 
 
 async def test_the_version_bump_trap_is_sglangs_and_abort_all_false_steps_around_it(

@@ -15,6 +15,7 @@ from relax.training.sender import WeightSender
 from relax.weights.digest import layout_checksums
 from relax.weights.flat_bucket import unflatten
 from relax.weights.publication import WeightConflict
+from tests.weight_sender import held_versions
 
 
 def test_sglang_engines_are_sent_bf16_and_the_builtin_engine_fp32() -> None:
@@ -52,7 +53,7 @@ def test_a_version_held_again_is_a_no_op_with_the_same_weights_and_a_conflict_wi
             sender.hold(3, {"a.weight": state["a.weight"]}, bucket_bytes=4096)
         with pytest.raises(ValueError, match="strictly increase"):
             sender.hold(2, state)
-        assert sender.held_versions() == [3]
+        assert held_versions(sender) == [3]
         assert sender.checksums(3) == layout_checksums(state, "hf")
     finally:
         sender.shutdown()
