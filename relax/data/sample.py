@@ -2,8 +2,8 @@
 
 They are frozen because a sample crosses several owners on its way to the trainer (engine client →
 generator → reward → buffer → trainer, often through Ray's object store): a record nobody can mutate in
-place cannot be half-updated by one owner while another reads it. Later stages derive new records with
-``with_reward`` / ``with_advantage`` instead.
+place cannot be half-updated by one owner while another reads it. A sample is built with its reward (the
+generator scores the response first); later stages derive new records (``with_advantage``) instead.
 
 Token sequences are stored as tuples for the same reason; the trainer turns them into tensors once.
 """
@@ -121,9 +121,6 @@ class Sample:
     def staleness(self, trainer_version: int) -> int:
         """How many weight versions the trainer is ahead of the weights that generated this sample."""
         return trainer_version - self.weight_version
-
-    def with_reward(self, reward: float) -> Sample:
-        return dataclasses.replace(self, reward=float(reward))
 
     def with_advantage(self, advantage: float) -> Sample:
         return dataclasses.replace(self, advantage=float(advantage))

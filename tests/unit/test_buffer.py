@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 
@@ -168,7 +169,7 @@ def test_sample_normalises_and_validates() -> None:
     assert s.loss_mask == (1, 1) and s.rollout_log_probs == (-0.5, -1.0)
     assert s.truncated and s.response_length == 2 and s.num_loss_tokens == 2 and s.staleness(5) == 3
     assert Sample.from_dict(s.to_dict()) == s
-    assert s.with_reward(1).reward == 1.0 and s.reward is None  # frozen: derive, never mutate
+    assert s.with_advantage(1).advantage == 1.0 and s.advantage is None  # frozen: derive, never mutate
     with pytest.raises(ValueError, match="loss_mask has 1 entries for 2"):
         Sample(0, "g", 0, [1], [2, 3], "ab", "1", weight_version=0, rollout_step=0, loss_mask=[1])
     with pytest.raises(ValueError, match="rollout_log_probs has 1"):
@@ -182,7 +183,8 @@ def test_sample_normalises_and_validates() -> None:
 def test_prompt_group_consistency() -> None:
     g = make_group(0, 0, n=3)
     assert len(g) == 3 and g.num_tokens == 9
-    scored = PromptGroup.from_samples([s.with_reward(r) for s, r in zip(g, [1, 0, 1], strict=True)])
+    rewarded = [dataclasses.replace(s, reward=r) for s, r in zip(g, (1.0, 0.0, 1.0), strict=True)]
+    scored = PromptGroup.from_samples(rewarded)
     assert scored.rewards == [1.0, 0.0, 1.0]
     assert [s.advantage for s in scored.with_advantages([0.5, -1, 0.5])] == [0.5, -1.0, 0.5]
     with pytest.raises(ValueError, match="does not belong"):
