@@ -694,19 +694,27 @@ def check_engine(plan: Plan, env: dict[str, Any], workdir: Path) -> dict[str, An
 # -- check 3: weight transfer ------------------------------------------------------------------------------------
 
 
-def random_weights(shape: ModelShape, device: torch.device, seed: int) -> dict[str, torch.Tensor]:
-    """The model's parameters (the tied embedding once) as random bf16 tensors; names and shapes from a meta model.
+def parameter_shapes(shape: ModelShape) -> list[tuple[str, tuple[int, ...]]]:
+    """The model's parameters (the tied embedding once) by name and shape, read from a meta model.
 
-    No transformers init on real memory: the meta model costs nothing, the random fill is one kernel per tensor.
-    Different seeds on the two sides make the receiver's tensors differ until the transfer overwrites them.
+    Computed once in the parent and handed to the ranks, so a spawned rank imports torch alone: transformers'
+    import (with torch's compiler stack behind it) was most of each rank's start-up, four times per check.
     """
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
         meta = AutoModelForCausalLM.from_config(qwen3_config(shape))
+    return [(name, tuple(p.shape)) for name, p in meta.named_parameters()]
+
+
+def random_weights(shapes: Sequence[tuple[str, Sequence[int]]], device: torch.device,
+                   seed: int) -> dict[str, torch.Tensor]:
+    """Random bf16 tensors of these names and shapes (:func:`parameter_shapes`): one kernel per tensor, no model
+    init. Different seeds on the two sides make the receiver's tensors differ until the transfer overwrites them.
+    """
     generator = torch.Generator(device=device).manual_seed(seed)
-    return {name: torch.randn(p.shape, generator=generator, device=device, dtype=torch.bfloat16)
-            for name, p in meta.named_parameters()}
+    return {name: torch.randn(tuple(size), generator=generator, device=device, dtype=torch.bfloat16)
+            for name, size in shapes}
 
 
 def _specs(tensors: Mapping[str, torch.Tensor]) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
@@ -761,7 +769,7 @@ def broadcast_worker(rank: int, cfg: dict[str, Any], channels: tuple) -> dict[st
     group = init_weight_group("gpu-check-weights", LOOPBACK, cfg["weight_port"], rank, 2, cfg["backend"],
                               cfg["dist_timeout_s"], device=device)
     try:
-        weights = random_weights(ModelShape(**cfg["shape"]), device, seed=rank)
+        weights = random_weights(cfg["parameter_shapes"], device, seed=rank)
         layouts = plan_buckets(_specs(weights), cfg["bucket_bytes"])
         weight_bytes = sum(t.nbytes for t in weights.values())
         before = checksums(weights) if rank == 1 else None
@@ -814,7 +822,7 @@ def ipc_worker(rank: int, cfg: dict[str, Any], channels: tuple) -> dict[str, Any
     device = _device(cfg["device"])
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    weights = random_weights(ModelShape(**cfg["shape"]), device, seed=rank)
+    weights = random_weights(cfg["parameter_shapes"], device, seed=rank)
     layouts = plan_buckets(_specs(weights), cfg["bucket_bytes"])
     weight_bytes = sum(t.nbytes for t in weights.values())
     repeats = cfg["repeats"]
@@ -922,7 +930,8 @@ def summarize_ipc(results: list[dict]) -> dict[str, Any]:
 def check_transfer(plan: Plan, env: dict[str, Any]) -> dict[str, Any]:
     """Check 3: the broadcast run, then the IPC run, each in two fresh processes (a refused or crashed NCCL
     communicator leaves nothing behind for the IPC run)."""
-    cfg = {**env, "shape": asdict(plan.model), "bucket_bytes": plan.bucket_bytes, "repeats": plan.transfer_repeats}
+    cfg = {**env, "parameter_shapes": parameter_shapes(plan.model), "bucket_bytes": plan.bucket_bytes,
+           "repeats": plan.transfer_repeats}
     ports = {"port": _free_port(), "weight_port": _free_port()}
     runs = run_ranks(broadcast_worker, {**cfg, **ports}, 2, plan.transfer_timeout_s)
     broadcast = summarize_broadcast(runs, env["backend"])
