@@ -483,10 +483,6 @@ class MetricsHistory:
         return len(self._frames)
 
     @property
-    def frames(self) -> list[ClusterFrame]:
-        return list(self._frames)
-
-    @property
     def latest(self) -> ClusterFrame | None:
         return self._frames[-1] if self._frames else None
 

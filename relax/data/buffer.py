@@ -171,9 +171,6 @@ class SampleBuffer:
         p = self._get(step)
         return PartitionInfo(p.step, p.state, len(p.groups), p.num_samples, p.expected_groups)
 
-    def infos(self) -> list[PartitionInfo]:
-        return [self.info(s) for s in self.steps]
-
     def num_waiting_partitions(self) -> int:
         """Partitions rollout started that the trainer has not taken: what the staleness gate bounds."""
         return sum(p.state is not PartitionState.TAKEN for p in self._parts.values())

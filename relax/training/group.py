@@ -181,10 +181,6 @@ class TrainerGroup:
     def world_size(self) -> int:
         return len(self._actors)
 
-    @property
-    def actors(self) -> list[Any]:
-        return list(self._actors)
-
     def _gather(self, refs: Sequence[Any], method: str, timeout_s: float | None,
                 while_waiting: Callable[[], None] | None = None) -> list[Any]:
         """Results in rank order; the first failing rank raises at once (no waiting on the others).

@@ -248,7 +248,7 @@ def test_a_rank_killed_between_calls_is_found_by_the_liveness_check(pg, config) 
     with TrainerGroup(dataclasses.replace(config, micro_batch_size=None, use_dynamic_batch_size=False), pg,
                       bundle_indices=[2], init_timeout_s=120, call_timeout_s=120) as one:
         one.raise_if_lost()  # alive: nothing raised, a check goes out
-        pid = ray.get(one.actors[0].info.remote())["pid"]
+        pid = ray.get(one._actors[0].info.remote())["pid"]  # the rank as Ray sees it
         os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 30
         with pytest.raises(TrainerRankError, match="trainer rank 0 failed in its liveness check: ActorDiedError"):

@@ -66,7 +66,7 @@ def test_several_partitions_sizes() -> None:
     assert buf.num_samples() == 8 and buf.num_groups() == 2 and buf.num_samples(1) == 4
     assert buf.fill(1) is None  # size not known
     buf.mark_complete(1)
-    assert [i.state for i in buf.infos()] == [PartitionState.COMPLETE, PartitionState.FILLING]
+    assert [buf.info(s).state for s in buf.steps] == [PartitionState.COMPLETE, PartitionState.FILLING]
 
 
 def test_misuse_is_named() -> None:

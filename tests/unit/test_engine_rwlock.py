@@ -35,7 +35,7 @@ async def test_a_writer_waits_for_readers_and_new_readers_wait_behind_it() -> No
     await asyncio.wait_for(writer, timeout=5)
     assert entered.is_set()
     (await asyncio.wait_for(late_reader, timeout=5)).release()
-    assert lock.readers == 0 and not lock.writer_pending
+    assert lock._readers == 0 and not lock.writer_pending
 
 
 async def test_a_lease_gives_its_slot_back_once() -> None:
@@ -44,9 +44,9 @@ async def test_a_lease_gives_its_slot_back_once() -> None:
     second = await lock.acquire_reader()
     first.release()
     first.release()  # the generation's end and the stream's end both release it
-    assert lock.readers == 1
+    assert lock._readers == 1
     second.release()
-    assert lock.readers == 0
+    assert lock._readers == 0
 
 
 async def test_a_writer_that_gives_up_waiting_lets_the_readers_behind_it_in() -> None:
@@ -67,15 +67,15 @@ async def test_a_writer_that_gives_up_waiting_lets_the_readers_behind_it_in() ->
         await writer
     (await asyncio.wait_for(reader, timeout=5)).release()
     lease.release()
-    assert not lock.writer_pending and lock.readers == 0
+    assert not lock.writer_pending and lock._readers == 0
 
 
 async def test_the_reader_context_releases_on_error() -> None:
     lock = WriterPreferringLock()
     with pytest.raises(RuntimeError):
         async with lock.reader():
-            assert lock.readers == 1
+            assert lock._readers == 1
             raise RuntimeError("generation failed")
-    assert lock.readers == 0
+    assert lock._readers == 0
     async with lock.writer():
         assert lock.writer_pending

@@ -345,15 +345,6 @@ def test_set_weight_version_validates(pool: EnginePool) -> None:
         pool.set_in_flight(engine_id, -1)
 
 
-def test_by_url_skips_terminal_engines_unless_asked(pool: EnginePool) -> None:
-    old = pool.add(EngineKind.EXTERNAL, url="http://h:1").engine_id
-    pool.transition(old, S.FAILED)
-    assert pool.by_url("http://h:1") is None
-    assert pool.by_url("http://h:1", live_only=False).engine_id == old
-    new = pool.add(EngineKind.EXTERNAL, url="http://h:1").engine_id
-    assert pool.by_url("http://h:1").engine_id == new
-
-
 # -- REST shape -----------------------------------------------------------------------------------------
 
 

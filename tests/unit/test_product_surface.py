@@ -5,8 +5,9 @@ it, and the tests keep it alive) or a test helper that a reader of the product t
 it leaves the product: into a helper in ``tests/`` (or ``relax/testing/``, the scaffolding shared with
 ``benchmarks/``), or into the product code that should have used it.
 
-The check is by name, over the syntax trees: a name *is used* where it occurs as a variable, an attribute, an
-imported name or an identifier-like string constant (``getattr``, a Ray method named by string) in product code:
+The check is by name, over the syntax trees: a function *is used* where its name occurs as a variable, an
+attribute, an imported name or an identifier-like string constant, a method only as an attribute or a string
+(``getattr``, a Ray method named by string), in product code:
 ``relax/``, ``benchmarks/``, ``scripts/``, ``examples/``. So a name that product code uses for something else hides
 an offender (a file's ``closed`` hid ``SampleBuffer.closed``, ``Victim.from_record`` hid ``EngineView.from_record``):
 a false negative, never a false positive. Names that
@@ -51,51 +52,63 @@ def _trees(tops: tuple[str, ...], mentioning: re.Pattern[str] | None = None) -> 
     return out
 
 
-def used_names(trees: dict[str, ast.Module]) -> set[str]:
-    """Every name these modules mention: variables, attributes, imported names, identifier-like strings."""
+def used_names(trees: dict[str, ast.Module]) -> tuple[set[str], set[str], set[str]]:
+    """(every name these modules mention, the names they reach as attributes, identifier-like strings).
+
+    A function is used where its name occurs at all (a call, an import, ``module.function``); a method only as an
+    attribute (``obj.method``) or, in product code, a string (``getattr``, a Ray method named by string): a local
+    variable or a test's string that happens to share a method's name does not use it.
+    """
     names: set[str] = set()
+    attributes: set[str] = set()
+    strings: set[str] = set()
     for tree in trees.values():
         for node in ast.walk(tree):
             if isinstance(node, ast.Attribute):
                 names.add(node.attr)
+                attributes.add(node.attr)
             elif isinstance(node, ast.Name):
                 names.add(node.id)
             elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.isidentifier():
                 names.add(node.value)
+                strings.add(node.value)
             elif isinstance(node, ast.alias):
                 names.add(node.name.rsplit(".", 1)[-1])
-    return names
+    return names, attributes, strings
 
 
-def public_definitions(path: str, tree: ast.Module) -> Iterator[tuple[str, str]]:
-    """(name, ``path: Class.method`` or ``path: function``) of the module's public functions and its classes'
-    public methods (properties included); dunders and ``_private`` names are left out."""
+def public_definitions(path: str, tree: ast.Module) -> Iterator[tuple[str, str, bool]]:
+    """(name, ``path: Class.method`` or ``path: function``, whether it is a method) of the module's public
+    functions and its classes' public methods (properties included); dunders and ``_private`` names are left out."""
     functions = (ast.FunctionDef, ast.AsyncFunctionDef)
     for node in tree.body:
         if isinstance(node, functions) and not node.name.startswith("_"):
-            yield node.name, f"{path}: {node.name}"
+            yield node.name, f"{path}: {node.name}", False
         elif isinstance(node, ast.ClassDef):
             for sub in node.body:
                 if isinstance(sub, functions) and not sub.name.startswith("_"):
-                    yield sub.name, f"{path}: {node.name}.{sub.name}"
+                    yield sub.name, f"{path}: {node.name}.{sub.name}", True
 
 
 def find_offenders() -> tuple[list[str], list[str]]:
     """(offenders, every public definition checked), both as ``path: Class.method``."""
     product = _trees(PRODUCT)
-    product_uses = used_names(product)
+    product_names, product_attributes, product_strings = used_names(product)
+    product_reached = product_attributes | product_strings
     defined, unused = [], {}
     for path, tree in product.items():
         if not path.startswith("relax/") or path.startswith(SCAFFOLDING):
             continue
-        for name, where in public_definitions(path, tree):
+        for name, where, method in public_definitions(path, tree):
             defined.append(where)
-            if name not in product_uses and where not in ALLOWED:
-                unused[where] = name
+            if name not in (product_reached if method else product_names) and where not in ALLOWED:
+                unused[where] = (name, method)
     if not unused:
         return [], defined
-    test_uses = used_names(_trees((TESTS,), re.compile(r"\b(?:" + "|".join(sorted(set(unused.values()))) + r")\b")))
-    return [where for where, name in unused.items() if name in test_uses], defined
+    names = sorted({name for name, _ in unused.values()})
+    test_names, test_attributes, _ = used_names(_trees((TESTS,), re.compile(r"\b(?:" + "|".join(names) + r")\b")))
+    return [where for where, (name, method) in unused.items()
+            if name in (test_attributes if method else test_names)], defined
 
 
 def test_no_product_method_is_called_only_from_tests() -> None:

@@ -46,10 +46,6 @@ class WriterPreferringLock:
         self._waiters: set[asyncio.Future[None]] = set()
 
     @property
-    def readers(self) -> int:
-        return self._readers
-
-    @property
     def writer_pending(self) -> bool:
         """A writer holds the lock or waits for it: no new reader gets in until it is done."""
         return self._writer or self._writers_waiting > 0

@@ -319,13 +319,6 @@ class EnginePool:
         except KeyError:
             raise UnknownEngine(engine_id) from None
 
-    def by_url(self, url: str, *, live_only: bool = True) -> EngineRecord | None:
-        """The engine serving ``url`` (live ones only by default): external scale-out skips attached URLs."""
-        for record in self._sorted(self._records.values()):
-            if record.url == url and (record.state.live or not live_only):
-                return record
-        return None
-
     # -- lifecycle ----------------------------------------------------------------------------------
 
     def transition(self, engine_id: str, state: EngineState, error: str | None = None) -> EngineRecord:
