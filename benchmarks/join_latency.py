@@ -40,7 +40,7 @@ from relax.cluster.network import free_port  # noqa: E402
 from relax.engines.client import EngineClient  # noqa: E402
 from relax.engines.launcher import BuiltinOptions, ServerProcess, builtin_spec  # noqa: E402
 from relax.rollout.assembly import build_fleet  # noqa: E402
-from relax.rollout.pool.engine_pool import EngineKind, EnginePool  # noqa: E402
+from relax.rollout.pool.engines import EngineKind, EnginePool  # noqa: E402
 from relax.rollout.pool.events import EventLog  # noqa: E402
 from relax.rollout.pool.launcher import EngineSlot  # noqa: E402
 from relax.rollout.refit.broadcast import ThreadWeightSource  # noqa: E402

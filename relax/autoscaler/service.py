@@ -60,7 +60,7 @@ from relax.autoscaler.policy import (
 )
 from relax.autoscaler.scrape import scrape_all
 from relax.logs import failure_cause
-from relax.rollout.pool.engine_pool import EngineState
+from relax.rollout.pool.engines import EngineState
 from relax.rollout.scaling import (
     FAILED_STATUSES,
     TERMINAL_STATUSES,

@@ -96,7 +96,7 @@ from relax.autoscaler.traces import Phase, Trace
 from relax.autoscaler.virtual_clock import run_virtual
 from relax.config.flags import PartialSuccessPolicy
 from relax.rollout.fleet.executor import ScaleExecutor
-from relax.rollout.pool.engine_pool import EngineKind, EnginePool, EngineState
+from relax.rollout.pool.engines import EngineKind, EnginePool, EngineState
 from relax.rollout.pool.events import EventLog
 from relax.rollout.scaling import (
     FAILED_STATUSES,
@@ -302,7 +302,7 @@ def count_reversals(actions: Iterable[ScaleRecord], window_secs: float) -> int:
 class SimulatedFleet:
     """The executor's fleet port over simulated engines: start-up phases and drains take simulated time.
 
-    Engine states live in the real :class:`~relax.rollout.pool.engine_pool.EnginePool` (the executor plans against
+    Engine states live in the real :class:`~relax.rollout.pool.engines.EnginePool` (the executor plans against
     it); the queues and batches live in the simulation's ``SimEngine`` world model.
     """
 

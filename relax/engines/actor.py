@@ -181,7 +181,7 @@ class EngineActor:
 
         ``dummy_weights``: the server starts with random weights and reads no weight file (``--load-format
         dummy``): a joining engine whose first refit sends every tensor, and which is routed only once that refit
-        is verified (``rollout.fleet.engine_fleet``).
+        is verified (``rollout.fleet.lifecycle``).
         """
         with self._start_lock:
             if self._info is not None:

@@ -295,7 +295,7 @@ class Driver:
         from relax.cluster import scratch
         from relax.cluster.connect import connect
         from relax.cluster.placement import create_groups
-        from relax.rollout.control.control_plane import spawn_control_plane
+        from relax.rollout.control.server import spawn_control_plane
         from relax.rollout.manager import spawn_rollout_manager
         from relax.training.actor import TrainerConfig
         from relax.training.group import TrainerGroup

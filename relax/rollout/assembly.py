@@ -4,11 +4,11 @@
 engines run: Ray's in a run, a fake in a unit test), a tokenizer and, optionally, the HTTP client factory and
 weight transports, and wires:
 
-* the engine states (``rollout.pool.engine_pool``) whose transitions are recorded as events and told to the dispatcher;
+* the engine states (``rollout.pool.engines``) whose transitions are recorded as events and told to the dispatcher;
 * the ``WeightSync`` and the ``EngineFleet`` as siblings: the fleet brings engines up through their first sync
   and fails the ones whose load fails, the sync reaches engines through the fleet's clients;
 * the dispatcher (``rollout.dispatch.dispatcher``), which holds a request while its engine loads weights;
-* the scale executor and the control API (``rollout.fleet.executor``, ``rollout.control.rollout_control``);
+* the scale executor and the control API (``rollout.fleet.executor``, ``rollout.control.backend``);
 * the generation loop (``rollout.dispatch.generation_loop``) that fills the buffer through the dispatcher.
 
 ``rollout.manager.RolloutManager`` is only the Ray face over what this returns.
@@ -24,13 +24,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from relax.rollout.control.rollout_control import RolloutControl
+from relax.rollout.control.backend import RolloutControl
 from relax.rollout.control.run_status import RunStatus
 from relax.rollout.dispatch.dispatcher import Dispatcher
 from relax.rollout.dispatch.generation_loop import GenerationLoop
-from relax.rollout.fleet.engine_fleet import EngineFleet, EngineHTTP
 from relax.rollout.fleet.executor import ScaleExecutor
-from relax.rollout.pool.engine_pool import EnginePool, EngineRecord, EngineState
+from relax.rollout.fleet.lifecycle import EngineFleet, EngineHTTP
+from relax.rollout.pool.engines import EnginePool, EngineRecord, EngineState
 from relax.rollout.pool.events import EventKind, EventLog, transition_recorder
 from relax.rollout.pool.launcher import EngineLauncher
 from relax.rollout.refit.broadcast import BroadcastTransport

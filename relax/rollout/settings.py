@@ -102,7 +102,7 @@ class BroadcastSettings:
 
 @dataclass(frozen=True)
 class FleetSettings:
-    """The engines and their lifecycle: model, sizes, timeouts, keys, weight loads (``rollout.fleet.engine_fleet``)."""
+    """The engines and their lifecycle: model, sizes, timeouts, keys, weight loads (``rollout.fleet.lifecycle``)."""
 
     model_path: str = ""
     gpus_per_engine: int = 1

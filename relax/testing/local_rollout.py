@@ -2,7 +2,7 @@
 
 Real rules, fake engines: requests go through the real :class:`~relax.rollout.fleet.executor.ScaleExecutor`
 (planners, registry, partial-success policy, sticky cancel, drains) and the real
-:class:`~relax.rollout.pool.engine_pool.EnginePool` lifecycle, exactly as in the RolloutManager; only the work of each
+:class:`~relax.rollout.pool.engines.EnginePool` lifecycle, exactly as in the RolloutManager; only the work of each
 engine phase (placement, process start, health, weight sync, drain, shutdown) is a pause of
 ``step_delay_s``. ``paused`` freezes every engine between two phases, which is how a test holds a scale
 operation open to see a 409 or a cancel. URLs in ``unreachable_urls`` fail their health check.
@@ -19,9 +19,9 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from relax.config.flags import PartialSuccessPolicy
-from relax.rollout.control.rollout_control import RolloutControl
+from relax.rollout.control.backend import RolloutControl
 from relax.rollout.fleet.executor import ScaleExecutor
-from relax.rollout.pool.engine_pool import EngineKind, EnginePool, EngineRecord, EngineState
+from relax.rollout.pool.engines import EngineKind, EnginePool, EngineRecord, EngineState
 from relax.rollout.pool.events import EventLog, transition_recorder
 from relax.rollout.scaling import ScaleRequestRegistry
 from relax.rollout.settings import ScalingSettings

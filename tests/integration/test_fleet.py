@@ -19,9 +19,9 @@ from safetensors.torch import load_file
 
 from relax.engines.client import EngineClient
 from relax.rollout.assembly import build_fleet
-from relax.rollout.fleet.engine_fleet import EngineFleet
 from relax.rollout.fleet.executor import ScaleExecutor
-from relax.rollout.pool.engine_pool import EngineKind, EnginePool, EngineState
+from relax.rollout.fleet.lifecycle import EngineFleet
+from relax.rollout.pool.engines import EngineKind, EnginePool, EngineState
 from relax.rollout.pool.events import EventLog, transition_recorder
 from relax.rollout.pool.launcher import EngineSlot
 from relax.rollout.refit.broadcast import ThreadWeightSource

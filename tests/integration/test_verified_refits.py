@@ -21,8 +21,8 @@ import pytest
 from relax.config.verify_weights import VerifyPolicy
 from relax.engines.client import EngineClient, WeightsUncheckable
 from relax.rollout.assembly import build_fleet
-from relax.rollout.fleet.engine_fleet import EngineFleet
-from relax.rollout.pool.engine_pool import EngineKind, EnginePool, EngineState
+from relax.rollout.fleet.lifecycle import EngineFleet
+from relax.rollout.pool.engines import EngineKind, EnginePool, EngineState
 from relax.rollout.pool.events import EventLog, transition_recorder
 from relax.rollout.refit.broadcast import ThreadWeightSource
 from relax.rollout.refit.rules import VerifyResult

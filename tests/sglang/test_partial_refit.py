@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 
 from relax.engines.keys import engine_keys
 from relax.rollout.assembly import build_fleet
-from relax.rollout.pool.engine_pool import EnginePool, EngineState
+from relax.rollout.pool.engines import EnginePool, EngineState
 from relax.rollout.pool.events import EventLog
 from relax.rollout.pool.launcher import EngineSlot
 from relax.rollout.refit.broadcast import ThreadWeightSource

@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 from relax.config.verify_weights import VerifyPolicy
 from relax.engines.keys import EngineKeys
 from relax.rollout.assembly import build_fleet
-from relax.rollout.pool.engine_pool import EnginePool, EngineState
+from relax.rollout.pool.engines import EnginePool, EngineState
 from relax.rollout.pool.events import EventLog
 from relax.rollout.refit.broadcast import ThreadWeightSource
 from relax.rollout.refit.rules import VerifyResult

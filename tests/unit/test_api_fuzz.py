@@ -1,6 +1,6 @@
 """The control plane's HTTP API under fuzzing: no 5xx on malformed input, and answers that match ``/openapi.json``.
 
-The app is the real one: :class:`~relax.rollout.control.control_plane.ControlPlane` (``create_app`` served by uvicorn
+The app is the real one: :class:`~relax.rollout.control.server.ControlPlane` (``create_app`` served by uvicorn
 on 127.0.0.1, port picked by the OS) over :class:`~relax.testing.local_rollout.LocalRollout` (the real scale
 request registry, engine pool and event log with simulated engines), with the real autoscaler router over an
 :class:`~relax.autoscaler.service.AutoscalerService` mounted under ``/autoscaler``. Nothing leaves 127.0.0.1.
@@ -50,7 +50,7 @@ from relax.autoscaler.config import AutoscalerConfig
 from relax.autoscaler.routes import autoscaler_router
 from relax.autoscaler.service import AutoscalerService
 from relax.rollout.control.api import create_app
-from relax.rollout.control.control_plane import ControlPlane
+from relax.rollout.control.server import ControlPlane
 from relax.testing.local_rollout import LocalRollout
 from tests.local_manager import LocalManager
 

@@ -29,9 +29,9 @@ from relax.rollout.control.api_models import (
     normalize_engine_url,
     parse_body,
 )
-from relax.rollout.control.rollout_control import RolloutControl
-from relax.rollout.pool.engine_pool import EngineKind, EnginePool, EngineState
+from relax.rollout.control.backend import RolloutControl
 from relax.rollout.pool.engine_url import normalize_engine_url as pure_normalize_engine_url
+from relax.rollout.pool.engines import EngineKind, EnginePool, EngineState
 from relax.rollout.pool.events import EventLog
 from relax.rollout.scaling import (
     IllegalRequestTransition,

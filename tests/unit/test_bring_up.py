@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 
 from relax.rollout.assembly import build_fleet
-from relax.rollout.control.relax_metrics import render_metrics
+from relax.rollout.control.metrics import render_metrics
 from relax.rollout.fleet.bringup import BUCKETS_S, BringUpLog, Phase, stop_reason
-from relax.rollout.fleet.engine_fleet import EngineFleet
-from relax.rollout.pool.engine_pool import EngineKind, EnginePool, EngineState
+from relax.rollout.fleet.lifecycle import EngineFleet
+from relax.rollout.pool.engines import EngineKind, EnginePool, EngineState
 from relax.rollout.pool.events import EventKind, EventLog
 from relax.rollout.pool.launcher import EngineSlot
 from relax.rollout.refit.transport import TransportKind

@@ -19,7 +19,7 @@ import pytest
 from rich.console import Console
 
 from relax import cli, client_cli
-from relax.rollout.control.control_plane import ControlPlane
+from relax.rollout.control.server import ControlPlane
 from relax.testing.local_rollout import LocalRollout
 
 TOKEN = "cli-test-token"

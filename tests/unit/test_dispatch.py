@@ -18,7 +18,7 @@ from relax.engines.client import EngineUnavailable
 from relax.engines.event_stream import EventStream
 from relax.rollout.dispatch.dispatcher import Dispatcher, SampleLostError
 from relax.rollout.dispatch.journey import MAX_CHUNKS, Action, RequestJourney, stream_interval
-from relax.rollout.pool.engine_pool import EngineKind, EnginePool, EngineState
+from relax.rollout.pool.engines import EngineKind, EnginePool, EngineState
 from relax.rollout.routing.router import FailureKind, RetryPolicy, Router
 from relax.rollout.settings import DispatchSettings
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from relax.rollout.pool.engine_pool import EngineKind, EnginePool, EngineState
+from relax.rollout.pool.engines import EngineKind, EnginePool, EngineState
 from relax.rollout.pool.events import Event, EventKind, EventLog
 
 

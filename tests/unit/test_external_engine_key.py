@@ -16,7 +16,7 @@ from fastapi import FastAPI, Request
 from relax.engines.keys import engine_keys
 from relax.engines.sglang import external_engine_key
 from relax.rollout.assembly import build_fleet
-from relax.rollout.pool.engine_pool import EngineKind, EnginePool, EngineState
+from relax.rollout.pool.engines import EngineKind, EnginePool, EngineState
 from relax.rollout.pool.events import EventLog
 from relax.rollout.pool.launcher import EngineSlot
 from relax.rollout.routing.router import Router

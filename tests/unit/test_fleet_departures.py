@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from relax.rollout.assembly import build_fleet
-from relax.rollout.fleet import engine_fleet as fleet_module
-from relax.rollout.fleet.engine_fleet import EngineFleet
+from relax.rollout.fleet import lifecycle as fleet_module
 from relax.rollout.fleet.eviction import plan_evictions
-from relax.rollout.pool.engine_pool import EnginePool, EngineState
+from relax.rollout.fleet.lifecycle import EngineFleet
+from relax.rollout.pool.engines import EnginePool, EngineState
 from relax.rollout.pool.events import EventKind, EventLog
 from relax.rollout.pool.launcher import EngineSlot
 from relax.rollout.refit.transport import TransportKind

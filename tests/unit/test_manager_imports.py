@@ -21,7 +21,7 @@ class Trace:
             print("torch imported via " + " <- ".join(reversed(chain)))
             sys.exit(3)
 sys.meta_path.insert(0, Trace())
-import relax.rollout.manager, relax.rollout.control.control_plane  # noqa: E401
+import relax.rollout.manager, relax.rollout.control.server  # noqa: E401
 """
 
 

@@ -32,9 +32,9 @@ from relax.autoscaler import metrics as autoscaler_metrics
 from relax.data.buffer import StalenessStats
 from relax.data.sample import PromptGroup, Sample
 from relax.engines.builtin.metrics import EngineMetrics, LoadSnapshot
-from relax.rollout.control.relax_metrics import COUNTERS, GAUGES, render_metrics
+from relax.rollout.control.metrics import COUNTERS, GAUGES, render_metrics
 from relax.rollout.dispatch.generation_loop import StepTimes, rollout_metrics
-from relax.rollout.pool.engine_pool import EngineState
+from relax.rollout.pool.engines import EngineState
 from relax.training.evaluation import EvalReport
 from relax.training.report import RUN_SECONDS
 

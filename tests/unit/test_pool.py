@@ -10,7 +10,7 @@ import pickle
 
 import pytest
 
-from relax.rollout.pool.engine_pool import (
+from relax.rollout.pool.engines import (
     EngineKind,
     EnginePool,
     EngineRecord,

@@ -15,7 +15,7 @@ import pytest
 
 from relax.config.verify_weights import VerifyPolicy
 from relax.engines.client import WeightsUncheckable
-from relax.rollout.pool.engine_pool import EngineKind, EnginePool, EngineState
+from relax.rollout.pool.engines import EngineKind, EnginePool, EngineState
 from relax.rollout.refit.rules import (
     EngineWeights,
     RefitStep,

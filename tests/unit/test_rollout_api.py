@@ -28,10 +28,10 @@ from relax.rollout.control.api_models import (
     ScaleNoop,
     ScaleOutRequestView,
 )
-from relax.rollout.control.control_plane import ControlPlane
 from relax.rollout.control.manager_client import ManagerClient, ManagerInternalError, ManagerTimeout, ManagerUnavailable
-from relax.rollout.control.relax_metrics import render_metrics
-from relax.rollout.pool.engine_pool import EngineState
+from relax.rollout.control.metrics import render_metrics
+from relax.rollout.control.server import ControlPlane
+from relax.rollout.pool.engines import EngineState
 from relax.rollout.scaling import NotCancellable, RejectedRequest, ScaleConflict, UnknownModel, UnknownRequest
 from relax.testing.local_rollout import LocalRollout
 

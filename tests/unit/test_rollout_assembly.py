@@ -16,8 +16,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from relax.rollout.assembly import Rollout, build_rollout
-from relax.rollout.control.relax_metrics import render_metrics
-from relax.rollout.pool.engine_pool import EngineState
+from relax.rollout.control.metrics import render_metrics
+from relax.rollout.pool.engines import EngineState
 from relax.rollout.refit.transport import TransportKind
 from relax.rollout.settings import DataSettings, DispatchSettings, FleetSettings, RolloutSettings, SamplingSettings
 from relax.weights.publication import WeightManifest

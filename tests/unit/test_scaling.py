@@ -22,7 +22,7 @@ from relax.rollout.control.api_models import (
     http_status_of,
     parse_body,
 )
-from relax.rollout.pool.engine_pool import EngineKind, EnginePool, EngineRecord, EngineState
+from relax.rollout.pool.engines import EngineKind, EnginePool, EngineRecord, EngineState
 from relax.rollout.scaling import (
     FAILED_STATUSES,
     TERMINAL_STATUSES,

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from relax.rollout.assembly import build_fleet
-from relax.rollout.fleet import engine_fleet as fleet_module
-from relax.rollout.pool.engine_pool import EngineKind, EnginePool, EngineState
+from relax.rollout.fleet import lifecycle as fleet_module
+from relax.rollout.pool.engines import EngineKind, EnginePool, EngineState
 from relax.rollout.pool.events import EventLog
 from relax.rollout.pool.launcher import EngineSlot
 from relax.rollout.refit.transport import TransportKind, VersionSuperseded, choose_transport

@@ -47,8 +47,8 @@ from relax.rollout.control.api_models import (
     http_status_of,
 )
 from relax.rollout.control.manager_client import ManagerInternalError, ManagerTimeout, ManagerUnavailable
+from relax.rollout.control.metrics import CONTENT_TYPE, render_metrics
 from relax.rollout.control.prometheus_sd import sd_groups
-from relax.rollout.control.relax_metrics import CONTENT_TYPE, render_metrics
 from relax.rollout.pool.events import EventKind
 from relax.rollout.scaling import ScaleInSpec, ScaleOutSpec
 from relax.single_flight import SharedCall
@@ -81,7 +81,7 @@ def status_of(error: BaseException) -> int | None:
 
 @runtime_checkable
 class RolloutBackend(Protocol):
-    """What the routes call: the rollout manager's control API (see ``rollout.control.rollout_control``)."""
+    """What the routes call: the rollout manager's control API (see ``rollout.control.backend``)."""
 
     def engines_view(self, model_name: str | None) -> Awaitable[dict[str, Any]]: ...
 

@@ -23,7 +23,7 @@ from relax.engines.client import EngineError, EngineUnavailable
 from relax.engines.event_stream import EventStream
 from relax.rollout.dispatch.generator import Generation
 from relax.rollout.dispatch.journey import Action, RequestJourney, Step, stream_interval
-from relax.rollout.pool.engine_pool import EnginePool, EngineRecord, EngineState
+from relax.rollout.pool.engines import EnginePool, EngineRecord, EngineState
 from relax.rollout.routing.router import FailureKind, NoEngineAvailable, RetryPolicy, Router
 from relax.rollout.settings import DispatchSettings
 
@@ -52,7 +52,7 @@ class _SyncGate(Protocol):
 
 
 class DispatchFleet(Protocol):
-    """What the dispatcher needs of ``rollout.fleet.engine_fleet.EngineFleet``."""
+    """What the dispatcher needs of ``rollout.fleet.lifecycle.EngineFleet``."""
 
     routable: asyncio.Event
 

@@ -6,7 +6,7 @@ This class carries the decision out over a :class:`ScaleFleet` — the port to w
 and takes them out — and keeps the request record and the event log honest along the way.
 
 One executor, three fleets: the Ray rollout manager drives it with
-:class:`~relax.rollout.fleet.engine_fleet.EngineFleet` (real engines), the in-process test double
+:class:`~relax.rollout.fleet.lifecycle.EngineFleet` (real engines), the in-process test double
 ``relax.testing.local_rollout`` with simulated engines that take a step per phase, and the autoscaler simulator
 with simulated engines on a virtual clock. So a policy comparison measures the executor users run, and the REST
 contract tests exercise its real rules.
@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
-from relax.rollout.pool.engine_pool import EngineKind, EnginePool, EngineState
+from relax.rollout.pool.engines import EngineKind, EnginePool, EngineState
 from relax.rollout.pool.events import EventKind, EventLog
 from relax.rollout.scaling import (
     Direction,

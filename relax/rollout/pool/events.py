@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from relax.rollout.pool.engine_pool import EngineRecord, EngineState, TransitionListener
+from relax.rollout.pool.engines import EngineRecord, EngineState, TransitionListener
 
 Clock = Callable[[], float]
 

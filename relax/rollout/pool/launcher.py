@@ -1,6 +1,6 @@
 """The launcher port: where an engine runs and how its process starts and stops.
 
-The engine fleet (``rollout.fleet.engine_fleet``) decides *when* an engine is placed, started, synced or stopped; this
+The engine fleet (``rollout.fleet.lifecycle``) decides *when* an engine is placed, started, synced or stopped; this
 module is *how*. :class:`EngineLauncher` is the port, small on purpose, so that the fleet and the scale
 executor can be exercised without a cluster; :class:`RayEngineLauncher` is the one implementation that
 makes Ray calls for engines (placement groups and :class:`~relax.engines.actor.EngineActor`). Nothing

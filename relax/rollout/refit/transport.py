@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from enum import Enum
 from typing import Any, Protocol
 
-from relax.rollout.pool.engine_pool import EngineKind
+from relax.rollout.pool.engines import EngineKind
 from relax.rollout.refit.rules import Verification
 
 __all__ = ["Check", "TransportKind", "VersionSuperseded", "WeightTransport", "choose_transport"]

@@ -31,7 +31,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from relax.engines.client import WeightsUncheckable
-from relax.rollout.pool.engine_pool import EnginePool, EngineRecord
+from relax.rollout.pool.engines import EnginePool, EngineRecord
 from relax.rollout.refit.rules import (
     EngineWeights,
     RefitStep,

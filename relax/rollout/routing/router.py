@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from relax.rollout.pool.engine_pool import engine_number
+from relax.rollout.pool.engines import engine_number
 
 __all__ = [
     "FailureKind",

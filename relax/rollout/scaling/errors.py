@@ -105,7 +105,7 @@ class UnknownRequest(ScalingError):
 
 class NoSuchEngine(ScalingError):
     """A request names an engine id the pool does not know (never started, or long gone): the REST answer, with
-    the remedy, for what the pool reports as its own lookup error (``relax.rollout.pool.engine_pool.UnknownEngine``)."""
+    the remedy, for what the pool reports as its own lookup error (``relax.rollout.pool.engines.UnknownEngine``)."""
 
     def __init__(self, engine_id: str) -> None:
         super().__init__(f"unknown engine id {engine_id!r}: GET /rollout/engines lists the engines of this run")

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from relax.config.flags import PartialSuccessPolicy
-from relax.rollout.pool.engine_pool import EngineKind, EnginePool, EngineRecord, EngineState, engine_number
 from relax.rollout.pool.engine_url import normalize_engine_url
+from relax.rollout.pool.engines import EngineKind, EnginePool, EngineRecord, EngineState, engine_number
 from relax.rollout.scaling.errors import RejectedRequest, ScalingError, UnknownModel
 from relax.rollout.scaling.states import (
     DEFAULT_MODEL,

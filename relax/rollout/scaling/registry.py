@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from relax.rollout.pool.engine_pool import EnginePool
+from relax.rollout.pool.engines import EnginePool
 from relax.rollout.scaling.errors import NotCancellable, RejectedRequest, ScaleConflict, UnknownRequest
 from relax.rollout.scaling.planner import (
     Noop,

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from relax.rollout.pool.engine_pool import EngineKind, EnginePool, EngineRecord, EngineState, engine_number
+from relax.rollout.pool.engines import EngineKind, EnginePool, EngineRecord, EngineState, engine_number
 from relax.rollout.scaling.errors import IllegalRequestTransition, NotCancellable
 from relax.rollout.scaling.planner import ScaleInPlan, ScaleOutPlan, _check_count, engine_phase_timings
 from relax.rollout.scaling.states import (

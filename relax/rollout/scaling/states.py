@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-from relax.rollout.pool.engine_pool import EnginePool, EngineState
+from relax.rollout.pool.engines import EnginePool, EngineState
 
 DEFAULT_MODEL = "default"
 """The only model a Relax run serves; requests naming another are rejected."""

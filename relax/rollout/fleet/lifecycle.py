@@ -1,6 +1,6 @@
 """The engine fleet: the engine lifecycle — bring engines up, keep them healthy, take them out without losing work.
 
-This is the imperative shell around ``rollout.pool.engine_pool`` (engine states) and ``rollout.routing.router``
+This is the imperative shell around ``rollout.pool.engines`` (engine states) and ``rollout.routing.router``
 (who serves what, in-flight counts). Where an engine runs and how its process starts is the launcher's business
 (``rollout.pool.launcher``), and talking to a running server goes through an HTTP client made by
 ``client_factory``; both are injected, so the fleet runs without Ray. Which weights an engine holds is the
@@ -39,7 +39,7 @@ from relax.logs import failure_cause
 from relax.rollout.fleet.bringup import BringUpLog, Phase, stop_reason
 from relax.rollout.fleet.eviction import Eviction, plan_evictions, plan_notice
 from relax.rollout.fleet.joins import JoinLog
-from relax.rollout.pool.engine_pool import EngineKind, EnginePool, EngineState
+from relax.rollout.pool.engines import EngineKind, EnginePool, EngineState
 from relax.rollout.pool.events import EventKind, EventLog
 from relax.rollout.pool.launcher import EngineLauncher, EngineSlot
 from relax.rollout.refit.rules import Verification, WeightMismatch

@@ -20,7 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from relax.rollout.pool.engine_pool import EngineState
+from relax.rollout.pool.engines import EngineState
 
 __all__ = ["CONTENT_TYPE", "GAUGES", "RelaxStatusCollector", "render_metrics"]
 

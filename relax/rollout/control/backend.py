@@ -15,7 +15,7 @@ from typing import Any
 from relax.rollout.fleet.bringup import BringUpLog
 from relax.rollout.fleet.executor import ScaleExecutor
 from relax.rollout.fleet.joins import JoinLog
-from relax.rollout.pool.engine_pool import EnginePool, EngineState, UnknownEngine
+from relax.rollout.pool.engines import EnginePool, EngineState, UnknownEngine
 from relax.rollout.pool.events import SCALE_EVENT_KINDS, EventLog
 from relax.rollout.scaling import (
     DEFAULT_MODEL,
