@@ -1,7 +1,10 @@
-"""Fully-async GRPO through the real entrypoint on the tiny preset: it learns, staleness holds, resume works.
+"""Fully-async GRPO through the real entrypoint on the tiny preset: it learns, staleness holds, resume works;
+prompts the engines cannot serve never end a run.
 
 Each run starts its own embedded Ray cluster; the learning run has 2 trainer ranks (FSDP2 on gloo) and 2 built-in
-engines, the resumed run and its neighbour 1 of each.
+engines, the resumed run and its neighbour 1 of each. The neighbour trains on a data file with a 300-token prompt
+and a 1 MB one (the tiny model's context is 256 tokens): it must train to the end, and its summary count the two
+it dropped (a run of its own for that cost ~50 s more; the neighbour runs anyway).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import os
 import re
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -60,6 +64,22 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+@dataclass(frozen=True)
+class Data:
+    model_dir: Path
+    train_path: Path
+
+
+def with_unservable_prompts(preset, path: Path) -> Data:
+    """The preset's training data with a prompt too long for the model and a 1 MB one among them."""
+    lines = preset.train_path.read_text().splitlines()
+    label = json.loads(lines[0])["label"]
+    bad = [json.dumps({"prompt": " ".join(["7 + 8"] * 150), "label": label}),  # ~300 tokens and more
+           json.dumps({"prompt": "9" * 1_000_000, "label": label})]
+    path.write_text("\n".join([lines[0], bad[0], *lines[1:40], bad[1], *lines[40:80]]) + "\n")
+    return Data(preset.model_dir, path)
+
+
 def expected_prompt_indices(preset, steps: int) -> list[list[int]]:
     """The data order the run must follow: --rollout-shuffle with the default seed, 8 prompts a step."""
     from transformers import AutoTokenizer
@@ -77,7 +97,8 @@ def test_it_learns_with_bounded_staleness_then_resumes_on_policy_at_the_same_dat
         tiny_preset, tmp_path: Path) -> None:
     """30 steps with --max-staleness 2 that must learn, checkpointed at the end; then a resumed run of 2 more
     steps, strictly on-policy, on one trainer rank instead of two, that continues at the data position where the
-    first stopped (one run each)."""
+    first stopped (one run each). Beside the resumed run, a neighbour of 2 steps on data with two prompts the
+    engines cannot serve: it trains to the end and counts the two it dropped."""
     expected = expected_prompt_indices(tiny_preset, 32)
     out, ckpt = tmp_path / "learn", tmp_path / "ckpt"
     result = train(tiny_preset, out, "--eval-prompt-data", "tiny", str(tiny_preset.eval_path), "--eval-interval",
@@ -101,21 +122,25 @@ def test_it_learns_with_bounded_staleness_then_resumes_on_policy_at_the_same_dat
     # The resumed run shares the machine with a second, independent run started at the same moment: two runs
     # on one node must not touch each other's files (weight copies in shared memory), and neither may leave
     # any behind. The neighbour starts as from a fresh shell, with no Ray auth variables at all: the run turns
-    # token auth on by itself (after Ray is imported) and must still reach its own cluster.
+    # token auth on by itself (after Ray is imported) and must still reach its own cluster. Its data holds two
+    # prompts the engines cannot serve: they are dropped (and counted), and the run still trains to the end.
     resumed, neighbour = tmp_path / "resumed", tmp_path / "neighbour"
+    unservable = with_unservable_prompts(tiny_preset, tmp_path / "unservable.jsonl")
     fresh_shell = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH_")}
     results = run_together(
         # resumed on one trainer rank and one engine: a checkpoint of two ranks does not depend on the world size
         [train_argv(tiny_preset, resumed, num_rollout=32, max_staleness=0, trainer_gpus=1, rollout_gpus=1,
                     extra=("--load", str(ckpt / "step_000030"))),
-         train_argv(tiny_preset, neighbour, num_rollout=2, max_staleness=1, trainer_gpus=1, rollout_gpus=1,
+         train_argv(unservable, neighbour, num_rollout=2, max_staleness=1, trainer_gpus=1, rollout_gpus=1,
                     extra=("--api-port", "0"))],  # the smallest run that leases its own scratch space
         [resumed, neighbour], [None, fresh_shell])
     run_ids = [RUN_ID.search(r.stderr).group(1) for r in results]
     assert run_ids[0] != run_ids[1]
     for r in results:
         assert not ENGINE_FAILED.search(r.stderr), ENGINE_FAILED.search(r.stderr).group(0)
-    assert json.loads((neighbour / "summary.json").read_text())["training_steps"] == 2
+    summary = json.loads((neighbour / "summary.json").read_text())
+    assert summary["training_steps"] == 2
+    assert summary["data/dropped_prompts"] == 2 and summary["data/refused_groups"] == 0
     assert [p.name for p in SCRATCH.glob("relax-run-*") if any(i in p.name for i in run_ids)] == []
     result = results[0]
     rows = read_jsonl(resumed / "sample_versions.jsonl")
