@@ -1,6 +1,6 @@
 """Finding a run's engine server processes from outside the run, to crash them the way the platform does.
 
-Tests and benchmarks that SIGKILL an engine (``tests/e2e/test_engine_crash.py``, ``benchmarks/fault_soak.py``)
+Tests and benchmarks that SIGKILL an engine (``tests/e2e/test_elastic_training.py``, ``benchmarks/fault_soak.py``)
 need the server behind an engine URL: a descendant of the driver whose argv names the URL's port. psutil is a
 development dependency, imported here only when called.
 """

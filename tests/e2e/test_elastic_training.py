@@ -1,6 +1,11 @@
 """Scaling by REST while the tiny training runs: 2 → 4 → 2 engines, training advancing throughout, joining
-engines serving only the current weights, and no sample older than the staleness bound. The run then gets a
-SIGTERM: it stops cleanly with a checkpoint of its last step, and every process it started is gone."""
+engines serving only the current weights, and no sample older than the staleness bound. Then an engine's server
+is SIGKILLed mid-generation (no notice, as the OOM killer or a GPU fault ends it): nothing is lost and its streamed
+tokens are kept (tests/e2e/engine_crash.py). The run then gets a SIGTERM: it stops cleanly with a checkpoint of its
+last step, and every process it started is gone.
+
+One run for both, with the crash's long generations (temperature 25, responses to the length limit): a run of
+its own for the crash cost ~60 s more, most of it starting and stopping processes."""
 
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ import pytest
 
 from relax.demo.elastic import RunApi, wait_until
 from relax.demo.local import train_argv
+from tests.e2e.engine_crash import CRASH_GRPO, assert_crash_lost_nothing, batch, server_pid
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]  # the waits below add up to more than 300 s
 
@@ -47,13 +53,13 @@ def _running(pid: int) -> bool:
 def while_running(driver: subprocess.Popen, log_path: Path) -> Callable[..., Any]:
     """``wait_until`` that fails at once, with the driver's log, once the driver has exited: a run that died in
     start-up must not be waited on for minutes."""
-    def wait(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    def wait(predicate: Callable[[], Any], timeout: float, what: str, poll_s: float = 0.5) -> Any:
         def checked() -> Any:
             if driver.poll() is not None:
                 raise AssertionError(f"the driver exited (code {driver.returncode}) while waiting for {what}:\n"
                                      f"{log_path.read_text(errors='replace')[-3000:]}")
             return predicate()
-        return wait_until(checked, timeout, what)
+        return wait_until(checked, timeout, what, poll_s)
     return wait
 
 
@@ -77,8 +83,8 @@ def api_url(log_path: Path) -> str | None:
 def test_rest_scaling_while_training(tiny_preset, tmp_path: Path) -> None:
     out, ckpt = tmp_path / "run", tmp_path / "ckpt"
     # one trainer rank: the scaling is the rollout side's (two ranks are the learning and recipe runs' business)
-    argv = train_argv(tiny_preset, out, num_rollout=400, max_staleness=1, trainer_gpus=1,
-                      extra=("--api-port", "0", "--save", str(ckpt)))
+    argv = train_argv(tiny_preset, out, num_rollout=400, max_staleness=1, trainer_gpus=1, grpo=CRASH_GRPO,
+                      extra=("--api-port", "0", "--save", str(ckpt), "--record-samples"))
     log_path = tmp_path / "driver.log"
     env = {k: v for k, v in os.environ.items() if k != "RELAX_API_TOKEN"}
     env["WANDB_API_KEY"] = WANDB_KEY  # the driver's alone: no engine server nor Ray process may inherit it
@@ -131,6 +137,29 @@ def test_rest_scaling_while_training(tiny_preset, tmp_path: Path) -> None:
         wait(lambda: api.training_step() > shrunk, 120, "training to keep advancing after scale-in")
         started = {p.pid for p in psutil.Process(driver.pid).children(recursive=True)}
         assert started, "the driver should have started Ray and engine processes"
+
+        # An engine's server SIGKILLed mid-generation: a step's requests take a fraction of a second on the tiny
+        # model, so the victim's load is watched closely (its open /metrics); once at least 2 requests run holding
+        # 64 tokens each on average (past their first chunks of 8, about 32 tokens still to go: several engine
+        # steps), the server is SIGKILLed at once. The summary's migration counters then prove requests were cut
+        # mid-way (the run's /pause_generation needs the admin key, which only the run holds, so the test does not
+        # freeze it first).
+        victim = next(e for e in api.active() if e["engine_id"] == "engine_1")
+        pid = server_pid(driver.pid, victim["url"])
+        engine = httpx.Client(base_url=victim["url"], timeout=10, trust_env=False)
+        try:
+            wait(lambda: (load := batch(engine))[0] >= 2 and load[1] >= 64 * load[0], 240,
+                 "engine_1 part-way through requests", poll_s=0.002)
+        finally:
+            engine.close()
+        os.killpg(pid, signal.SIGKILL)
+        crashed_at = api.training_step()
+        # the run goes on: the crash is seen for what it is (the signal, not a connection error), the dead initial
+        # engine is replaced in its own bundle, and training advances past the step that was cut
+        wait(lambda: "engine_1 failed (server process was killed by SIGKILL" in log_path.read_text(errors="replace"),
+             120, "the driver's log to name engine_1's crash")
+        wait(lambda: len(api.active()) == 2 and api.training_step() >= crashed_at + 2, 180,
+             "engine_1 replaced and training past the crash")
     finally:
         driver.send_signal(signal.SIGTERM)
         try:
@@ -148,3 +177,7 @@ def test_rest_scaling_while_training(tiny_preset, tmp_path: Path) -> None:
     assert len(rows) >= 9
     for row in rows:  # the trainer never got a sample older than --max-staleness 1
         assert max(row["trainer_version"] - v for v in row["sample_versions"]) <= 1
+    # the crash lost nothing: every step the trainer took (its samples are recorded as it takes them) has its
+    # whole batch, once; the cut requests continued from their prefixes
+    continued = assert_crash_lost_nothing(text, out, steps=len(rows))
+    print(f"engine crash mid-generation: {continued} request(s) continued elsewhere, 0 tokens regenerated")

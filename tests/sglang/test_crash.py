@@ -1,8 +1,8 @@
 """A real SGLang server SIGKILLed in the middle of long generations while the tiny run trains: its streamed
 prefixes (SGLang's own server-sent events) continue on the other real engine, and nothing is lost.
 
-The built-in engine's version of this test is tests/e2e/test_engine_crash.py; what differs here is SGLang: its
-gauges refresh every ``--decode-log-interval`` decode steps (40 by default), so the run passes
+The built-in engine's version of this test is in tests/e2e/test_elastic_training.py; what differs here is SGLang:
+its gauges refresh every ``--decode-log-interval`` decode steps (40 by default), so the run passes
 ``--sglang-decode-log-interval 1`` for the test to see the victim part-way through its requests; and pausing it
 takes its admin key, which the test reads from the engine's private keys file, as the run's user may.
 """
@@ -22,7 +22,7 @@ import yaml
 from relax.cluster.network import free_port
 from relax.demo.elastic import RunApi, wait_until
 from relax.demo.local import train_argv
-from tests.e2e.test_engine_crash import BATCH, MAX_NEW_TOKENS, N, assert_crash_lost_nothing, batch
+from tests.e2e.engine_crash import BATCH, MAX_NEW_TOKENS, N, assert_crash_lost_nothing, batch
 
 pytestmark = pytest.mark.timeout(900)
 
