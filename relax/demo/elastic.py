@@ -124,12 +124,13 @@ def job_env(cluster_env: dict[str, str], preset: TinyPreset, exp_dir: Path, api_
     }
 
 
-def submit_tiny_job(env: dict[str, str]) -> str:
-    """`bash scripts/entrypoint/ray-job.sh <tiny run script>`; returns the submission id."""
+def submit_tiny_job(env: dict[str, str], args: tuple[str, ...] = ()) -> str:
+    """`bash scripts/entrypoint/ray-job.sh <tiny run script> [args]`; returns the submission id. ``args`` go to
+    the run script, which adds them to the entrypoint's flags."""
     if not (REPO / RAY_JOB).is_file():
         raise FileNotFoundError(f"{REPO / RAY_JOB} not found: the elastic demo runs from a source checkout")
-    result = subprocess.run(["bash", RAY_JOB, TINY_RUN_SCRIPT], cwd=REPO, env=env, capture_output=True, text=True,
-                            timeout=180)
+    result = subprocess.run(["bash", RAY_JOB, TINY_RUN_SCRIPT, *args], cwd=REPO, env=env, capture_output=True,
+                            text=True, timeout=180)
     if result.returncode != 0:
         raise RuntimeError(f"ray-job.sh failed:\n{result.stdout}{result.stderr}")
     return next(line.split()[2] for line in result.stdout.splitlines() if line.startswith("ray-job.sh: submitting"))
