@@ -75,3 +75,19 @@ def test_pip_quiet_drops_only_the_local_index_warnings_and_keeps_the_exit_status
     assert result.returncode == 3
     assert result.stdout == "Successfully installed six-1.17.0\n"
     assert result.stderr == "WARNING: some other warning\nERROR: No matching distribution found for zzz\n"
+
+
+def test_pip_quiet_against_the_real_pip(tmp_path: Path) -> None:
+    """The real pip, offline, with a local index that lacks the package: it prints the warning the script drops
+    (checked unfiltered first, so the test notices if pip stops printing it) and its own error, which stays."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    env["PIP_CONFIG_FILE"] = os.devnull  # this machine's pip.conf names indexes of its own
+    args = [sys.executable, "-m", "pip", "install", "--dry-run", "--disable-pip-version-check", "--index-url",
+            tmp_path.as_uri(), "relax-no-such-package==1.0"]
+    raw = subprocess.run(args, capture_output=True, text=True, timeout=120, env=env)
+    assert raw.returncode == 1 and "WARNING: Location '" in raw.stderr, raw.stderr
+    quiet = subprocess.run(["scripts/pip_quiet.sh", *args], cwd=REPO, capture_output=True, text=True, timeout=120,
+                           env=env)
+    assert quiet.returncode == 1
+    assert "WARNING: Location '" not in quiet.stderr
+    assert "No matching distribution found for relax-no-such-package==1.0" in quiet.stderr
