@@ -22,7 +22,7 @@ from relax.rollout.control.api_models import (
     http_status_of,
     parse_body,
 )
-from relax.rollout.pool.engines import EngineKind, EnginePool, EngineRecord, EngineState
+from relax.rollout.pool.engines import EngineKind, EnginePool, EngineState
 from relax.rollout.scaling import (
     FAILED_STATUSES,
     TERMINAL_STATUSES,
@@ -54,7 +54,6 @@ from relax.rollout.scaling import (
     plan_scale_in,
     plan_scale_out,
 )
-from relax.rollout.scaling.states import ROLLBACK_STATES
 
 S = EngineState
 SO = ScaleOutStatus
@@ -574,14 +573,7 @@ def test_cancel_of_finished_scale_in_and_unknown_requests() -> None:
         registry.cancel("so-42")
 
 
-def rollback_candidates(req: ScaleOutRequest, pool: EnginePool) -> list[EngineRecord]:
-    """Engines the request created that never became ACTIVE and are still live: the ones a cancel (or a
-    ``rollback_all`` failure) may remove directly. ACTIVE engines stay: only a scale-in (a drain) takes them."""
-    records = [pool.get(engine_id) for engine_id in req.engines if engine_id in pool]
-    return sorted((r for r in records if r.state in ROLLBACK_STATES), key=lambda r: r.number)
-
-
-def test_rollback_candidates_are_this_requests_engines_not_yet_active() -> None:
+def test_a_cancelled_request_tears_down_its_engines_not_yet_active() -> None:
     pool = make_pool(initial=4)
     registry = ScaleRequestRegistry(FakeClock())
     req = registry.submit_scale_out(ScaleOutSpec(num_replicas=9), pool, initial_count=4)
@@ -597,10 +589,15 @@ def test_rollback_candidates_are_this_requests_engines_not_yet_active() -> None:
     # engine_8 still PENDING
     stray = pool.add(EngineKind.ELASTIC)  # not this request's
     registry.cancel(req.request_id)
-    assert [r.engine_id for r in rollback_candidates(req, pool)] == ["engine_5", "engine_6", "engine_8"]
-    assert stray.engine_id not in [r.engine_id for r in rollback_candidates(req, pool)]
-    for record in rollback_candidates(req, pool):  # the pool allows every candidate to go straight to REMOVED
-        pool.transition(record.engine_id, S.REMOVED)
+    # what the executor decides once the bring-ups ended: CANCELLED whatever the policy; every engine of the
+    # request that did not come up goes (the FAILED one too: its group and processes still need cleaning)
+    results = {engine_id: pool.get(engine_id).state for engine_id in req.engine_ids}
+    for policy in PartialSuccessPolicy:
+        assert decide_partial_outcome(results, policy, cancelled=True) == (
+            SO.CANCELLED, ["engine_5", "engine_6", "engine_7", "engine_8"])
+    assert stray.engine_id not in results
+    for engine_id in ("engine_5", "engine_6", "engine_8"):  # the pool lets them go straight to REMOVED
+        pool.transition(engine_id, S.REMOVED)
     assert req.advance(SO.FAILED) is SO.CANCELLED
     req.observe(pool)
     states = {o.engine_id: o.state for o in req.engines.values()}

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
-from relax.rollout.pool.engines import EngineKind, EnginePool, EngineState
+from relax.rollout.pool.engines import EngineKind, EnginePool
 from relax.rollout.pool.events import EventKind, EventLog
 from relax.rollout.scaling import (
     Direction,
@@ -187,11 +187,8 @@ class ScaleExecutor:
         await asyncio.gather(*bring_ups, return_exceptions=True)
         request.observe(self.pool)
         results = {eid: self.pool.get(eid).state for eid in engine_ids}
-        if request.cancel_requested:  # sticky: engines not yet ACTIVE go, ACTIVE ones stay
-            final = ScaleOutStatus.CANCELLED
-            teardown = [e for e, s in results.items() if s is not EngineState.ACTIVE]
-        else:
-            final, teardown = decide_partial_outcome(results, self.settings.partial_success_policy)
+        final, teardown = decide_partial_outcome(results, self.settings.partial_success_policy,
+                                                 cancelled=request.cancel_requested)
         for engine_id in teardown:
             await self.fleet.retire(engine_id, force=False, drain_timeout_s=self.drain_timeout_s,
                                     reason="scale-out rollback")

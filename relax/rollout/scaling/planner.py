@@ -456,6 +456,8 @@ def plan_scale_in(spec: ScaleInSpec, pool: EnginePool, *, initial_count: int) ->
 def decide_partial_outcome(
     results: Mapping[str, bool | EngineState | str],
     policy: PartialSuccessPolicy | str = PartialSuccessPolicy.ROLLBACK_ALL,
+    *,
+    cancelled: bool = False,
 ) -> tuple[ScaleOutStatus, list[str]]:
     """How a scale-out ends once every engine came up or gave up (``--scale-out-partial-success-policy``).
 
@@ -464,13 +466,17 @@ def decide_partial_outcome(
     included (their placement groups and processes still need cleaning). All up → ACTIVE, nothing to tear
     down. None up → FAILED. Some up: ``rollback_all`` → FAILED and tear down all (a half-done target is
     not what was asked, and the autoscaler will ask again); ``keep_partial`` → PARTIAL, tear down the failed.
-    Tearing down an ACTIVE engine goes through a drain like any scale-in.
+    Tearing down an ACTIVE engine goes through a drain like any scale-in. A ``cancelled`` request (the flag is
+    sticky) ends CANCELLED whatever the policy: the engines that did not come up go, the ACTIVE ones stay (only a
+    scale-in drains a serving engine).
     """
     if not results:
         raise ValueError("decide_partial_outcome needs the result of at least one engine")
     policy = PartialSuccessPolicy(policy)
     up = {engine_id for engine_id, result in results.items() if _came_up(result)}
     down = [e for e in results if e not in up]
+    if cancelled:
+        return ScaleOutStatus.CANCELLED, sorted(down, key=engine_number)
     everything = sorted(results, key=engine_number)
     if not down:
         return ScaleOutStatus.ACTIVE, []
