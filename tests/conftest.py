@@ -14,6 +14,9 @@ import pytest
 
 from tests.leaks import SESSION_ENV
 
+#: a test past its time limit prints every thread's stack on the real stderr (tests/hang_dump.py)
+pytest_plugins = ["tests.hang_dump"]
+
 # Tests run Ray the way users get it from Relax: token auth on (relax.cluster.ray_auth). One token for the
 # session, so every cluster a test starts (embedded, elastic, worker nodes) and every driver agree.
 os.environ.setdefault("RAY_AUTH_MODE", "token")

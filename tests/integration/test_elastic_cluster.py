@@ -307,8 +307,11 @@ def test_cluster_cli_up_status_down(tmp_path: Any) -> None:
         assert info.head_pid in pids
         assert listening(pids) and not_loopback(pids) == set()
 
-        # A driver without the token is refused at once; one with the token `up` printed attaches.
-        refused = attach(info.address, {**_shell_env(), "RAY_AUTH_MODE": "token"})
+        # A driver without the token is refused at once; one with the token `up` printed attaches. The refused
+        # one has every other line `up` printed (without RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, Ray swaps 127.0.0.1
+        # for the machine's routable address, where nothing listens, and retries there for ever).
+        no_token = {k: v for k, v in info.env().items() if k != ray_auth.TOKEN_PATH_ENV}
+        refused = attach(info.address, {**_shell_env(), **no_token})
         assert refused.returncode != 0 and "ATTACHED" not in refused.stdout
         assert "AuthenticationError" in refused.stderr, refused.stderr[-2000:]
         attached = attach(info.address, {**_shell_env(), **info.env()})
