@@ -48,13 +48,7 @@ def connect(plan: Plan, *, runtime_env: dict | None = None) -> str:
     scratch.sweep()
     address = os.environ.get("RAY_ADDRESS")
     if address:
-        if not ray_auth.warn_if_disabled(os.environ, f"driver of {address}") and not ray_auth.has_token(os.environ):
-            log.warning("connecting to %s without a Ray auth token (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or "
-                        "~/.ray/auth_token): a cluster with token auth will refuse this driver; one without it "
-                        "takes code from anyone who can reach it (docs/install.md, 'Security')", address)
-        ray.init(address=address, runtime_env=_env_only_new(runtime_env, skip_inherited=True),
-                 log_to_driver=True)
-        log.info("connected to the Ray cluster at %s", address)
+        connect_existing(address, runtime_env)
         return "cluster"
     gpus = plan.embedded_cluster_gpus
     resources = {}
@@ -65,6 +59,30 @@ def connect(plan: Plan, *, runtime_env: dict | None = None) -> str:
     log.info("started an embedded Ray cluster: %d logical GPUs, %d CPUs%s", gpus, gpus + 2,
              f", markers {sorted(resources)}" if resources else "")
     return "embedded"
+
+
+def connect_existing(address: str, runtime_env: dict | None = None) -> None:
+    """Attach this driver to the running cluster at ``address`` (``RAY_ADDRESS``)."""
+    if not ray_auth.warn_if_disabled(os.environ, f"driver of {address}") and not ray_auth.has_token(os.environ):
+        log.warning("connecting to %s without a Ray auth token (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or "
+                    "~/.ray/auth_token): a cluster with token auth will refuse this driver; one without it "
+                    "takes code from anyone who can reach it (docs/install.md, 'Security')", address)
+    _stay_on_loopback_if_only_it_answers(address)
+    ray.init(address=address, runtime_env=_env_only_new(runtime_env, skip_inherited=True), log_to_driver=True)
+    log.info("connected to the Ray cluster at %s", address)
+
+
+def _stay_on_loopback_if_only_it_answers(address: str) -> None:
+    """A loopback ``RAY_ADDRESS`` of a cluster bound to 127.0.0.1, without Ray's loopback switch: keep to
+    loopback, as Ray would otherwise retry on the routable address for ever (``relax.cluster.loopback``)."""
+    from relax.cluster.loopback import must_keep_loopback
+    from relax.cluster.network import port_answers
+
+    routable = ray.util.get_node_ip_address()
+    if must_keep_loopback(address, os.environ, ray_auth.LOOPBACK_ENV, routable, port_answers):
+        ray_auth.keep_on_loopback_in_process()
+        log.info("%s answers on loopback only (not on %s): this driver stays on 127.0.0.1 (%s=0, which "
+                 "`relax cluster up` prints, says so up front)", address, routable, ray_auth.LOOPBACK_ENV)
 
 
 def _stop_failed_start() -> None:

@@ -49,7 +49,7 @@ import yaml
 from relax.cluster import ray_auth
 from relax.cluster.embedded import embedded_system_config
 from relax.cluster.network import LOCALHOST as LOOPBACK
-from relax.cluster.network import free_ports
+from relax.cluster.network import free_ports, port_answers
 from relax.cluster.startup import START_ATTEMPTS, start_timed_out
 
 logger = logging.getLogger(__name__)
@@ -868,8 +868,8 @@ class ElasticCluster:
             try:
                 # A GcsClient built before the GCS listens blocks ~30 s in its constructor: probe TCP first.
                 if self._gcs is None:
-                    with socket.create_connection((info.node_ip, info.port), timeout=1.0):
-                        pass
+                    if not port_answers(info.node_ip, info.port):
+                        raise ConnectionError(f"nothing listens on {info.address} yet")
                     self._gcs = connect_gcs(info.address)
                 nodes = self._gcs.get_all_node_info(timeout=2.0)
                 for node in nodes.values():

@@ -55,3 +55,12 @@ def node_ip() -> str:
     if not ray.is_initialized():
         return LOCALHOST
     return str(ray.util.get_node_ip_address())
+
+
+def port_answers(host: str, port: int, timeout: float = 1.0) -> bool:
+    """Whether something accepts a TCP connection on ``host:port`` within ``timeout`` seconds."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False

@@ -289,6 +289,17 @@ def _cli(state_dir: str, *args: str, timeout: float = 120) -> subprocess.Complet
                           capture_output=True, text=True, timeout=timeout, env=_shell_env())
 
 
+RELAX_DRIVER = """
+import logging, os
+import ray
+from relax.cluster.connect import connect_existing
+logging.basicConfig(level=logging.INFO)
+print("ROUTABLE", ray.util.get_node_ip_address(), flush=True)
+connect_existing(os.environ["RAY_ADDRESS"])
+print("ATTACHED", flush=True)
+"""
+
+
 def test_cluster_cli_up_status_down(tmp_path: Any) -> None:
     """`up` detaches (the head outlives the command), `status` reads it, `down` stops exactly those processes."""
     state_dir = str(tmp_path / "state")
@@ -316,6 +327,16 @@ def test_cluster_cli_up_status_down(tmp_path: Any) -> None:
         assert "AuthenticationError" in refused.stderr, refused.stderr[-2000:]
         attached = attach(info.address, {**_shell_env(), **info.env()})
         assert "ATTACHED" in attached.stdout, attached.stderr[-2000:]
+        # Relax's driver given only the address and the token (the loopback switch not exported): it keeps to
+        # loopback by itself, where a plain `ray.init` would retry on the routable address for ever.
+        partial = {k: v for k, v in _shell_env().items() if k != ray_auth.LOOPBACK_ENV}
+        partial.update(RAY_ADDRESS=info.address, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=info.token_path)
+        relax_driver = subprocess.run([sys.executable, "-c", RELAX_DRIVER], env=partial, capture_output=True,
+                                      text=True, timeout=120)
+        assert "ATTACHED" in relax_driver.stdout, relax_driver.stderr[-2000:]
+        routable = relax_driver.stdout.split("ROUTABLE ", 1)[1].split()[0]
+        if routable != "127.0.0.1":  # a machine with a routable address, where Ray would have gone
+            assert f"answers on loopback only (not on {routable})" in relax_driver.stderr, relax_driver.stderr
 
         again = _cli(state_dir, "up", "--no-dashboard")
         assert again.returncode == 1 and "already up" in again.stderr
