@@ -7,6 +7,7 @@ plan that runs on a real cluster runs on a laptop (docs/architecture.md, "Placem
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 
@@ -78,11 +79,11 @@ def _stay_on_loopback_if_only_it_answers(address: str) -> None:
     from relax.cluster.loopback import must_keep_loopback
     from relax.cluster.network import port_answers
 
-    routable = ray.util.get_node_ip_address()
+    routable = functools.cache(ray.util.get_node_ip_address)  # asked at most once, before the switch changes it
     if must_keep_loopback(address, os.environ, ray_auth.LOOPBACK_ENV, routable, port_answers):
         ray_auth.keep_on_loopback_in_process()
         log.info("%s answers on loopback only (not on %s): this driver stays on 127.0.0.1 (%s=0, which "
-                 "`relax cluster up` prints, says so up front)", address, routable, ray_auth.LOOPBACK_ENV)
+                 "`relax cluster up` prints, says so up front)", address, routable(), ray_auth.LOOPBACK_ENV)
 
 
 def _stop_failed_start() -> None:

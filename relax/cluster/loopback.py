@@ -23,14 +23,15 @@ def split_address(address: str) -> tuple[str, int] | None:
     return host, int(port)
 
 
-def must_keep_loopback(address: str, env: Mapping[str, str], loopback_env: str, routable_ip: str,
+def must_keep_loopback(address: str, env: Mapping[str, str], loopback_env: str, routable_ip: Callable[[], str],
                        answers: Callable[[str, int], bool]) -> bool:
     """True when ``address`` is on loopback, ``env`` lacks the switch, and the cluster's GCS port answers on
-    127.0.0.1 but not on ``routable_ip`` (where Ray would go instead)."""
+    127.0.0.1 but not on the routable address (where Ray would go instead). ``routable_ip`` and ``answers`` are
+    asked only when the address and the environment leave the question open."""
     parts = split_address(address)
-    if parts is None or loopback_env in env:
+    if parts is None or loopback_env in env or parts[0] not in LOOPBACK_HOSTS:
         return False
-    host, port = parts
-    if host not in LOOPBACK_HOSTS or routable_ip in LOOPBACK_HOSTS:
+    port, routable = parts[1], routable_ip()
+    if routable in LOOPBACK_HOSTS:
         return False
-    return answers("127.0.0.1", port) and not answers(routable_ip, port)
+    return answers("127.0.0.1", port) and not answers(routable, port)

@@ -5,9 +5,13 @@ from __future__ import annotations
 import pytest
 
 from relax.cluster.loopback import must_keep_loopback, split_address
+from relax.cluster.ray_auth import LOOPBACK_ENV as SWITCH
 
-SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 ROUTABLE = "192.0.2.2"
+
+
+def routable(ip: str = ROUTABLE):
+    return lambda: ip
 
 
 def listening(*hosts: str):
@@ -23,11 +27,11 @@ def test_split_address(address: str, parts) -> None:
 
 
 def test_a_cluster_bound_to_loopback_only_keeps_the_driver_there() -> None:
-    assert must_keep_loopback("127.0.0.1:6379", {}, SWITCH, ROUTABLE, listening("127.0.0.1"))
-    assert must_keep_loopback("localhost:6379", {}, SWITCH, ROUTABLE, listening("127.0.0.1"))
+    assert must_keep_loopback("127.0.0.1:6379", {}, SWITCH, routable(), listening("127.0.0.1"))
+    assert must_keep_loopback("localhost:6379", {}, SWITCH, routable(), listening("127.0.0.1"))
 
 
-@pytest.mark.parametrize(("address", "env", "routable", "answers"), [
+@pytest.mark.parametrize(("address", "env", "routable_ip", "answers"), [
     ("127.0.0.1:6379", {}, ROUTABLE, listening("127.0.0.1", ROUTABLE)),  # bound everywhere: Ray's swap works
     ("127.0.0.1:6379", {SWITCH: "0"}, ROUTABLE, listening("127.0.0.1")),  # the switch is already set
     ("127.0.0.1:6379", {}, ROUTABLE, listening()),  # nothing answers: Ray's own error, not a guess
@@ -35,5 +39,12 @@ def test_a_cluster_bound_to_loopback_only_keeps_the_driver_there() -> None:
     ("10.0.0.5:6379", {}, ROUTABLE, listening("127.0.0.1")),  # not a loopback address
     ("auto", {}, ROUTABLE, listening("127.0.0.1")),
 ])
-def test_otherwise_ray_decides(address: str, env: dict, routable: str, answers) -> None:
-    assert not must_keep_loopback(address, env, SWITCH, routable, answers)
+def test_otherwise_ray_decides(address: str, env: dict, routable_ip: str, answers) -> None:
+    assert not must_keep_loopback(address, env, SWITCH, routable(routable_ip), answers)
+
+
+def test_nothing_is_probed_when_the_address_or_the_environment_decides() -> None:
+    def never():
+        raise AssertionError("probed")
+    assert not must_keep_loopback("10.0.0.5:6379", {}, SWITCH, never, never)
+    assert not must_keep_loopback("127.0.0.1:6379", {SWITCH: "0"}, SWITCH, never, never)
