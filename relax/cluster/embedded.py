@@ -25,7 +25,12 @@ the latest 10 000 records and 10 000 dropped ids (the GCS levels off at ~88 MB, 
 minutes); a ``RAY_<name>`` variable the user exported wins. Nothing in Relax reads task events, and an embedded
 cluster has no state API anyway (its dashboard process loads no state module); ``ray timeline`` still shows the
 latest calls. A cluster Relax does not start keeps Ray's defaults unless its head is started with these settings as
-``RAY_<name>`` variables.
+``RAY_<name>`` variables (:func:`embedded_ray_env`).
+
+Nor does it start workers nobody uses: by default Ray starts idle task workers for the first driver, each a Python
+process that imports Ray (~1.2 CPU-s here) and waits. Relax runs actors only, each in a worker of its own, so those
+workers never serve anything: measured 3 of them in a tiny run (2 engines, 2 trainer ranks), 1 without them,
+and 38 over the test suite's clusters (66 CPU-s).
 """
 
 from __future__ import annotations
@@ -42,9 +47,10 @@ from pathlib import Path
 import psutil
 
 __all__ = [
-    "EMBEDDED_RAY_LIMITS",
+    "EMBEDDED_RAY_SETTINGS",
     "MARKER",
     "clean_stale_sessions",
+    "embedded_ray_env",
     "embedded_system_config",
     "mark_session",
     "session_processes",
@@ -56,20 +62,29 @@ log = logging.getLogger("relax.cluster")
 MARKER = "relax-embedded.json"
 
 #: Ray settings (``_system_config`` names) that bound what the embedded cluster's GCS keeps per task.
-EMBEDDED_RAY_LIMITS: dict[str, int] = {
+EMBEDDED_RAY_SETTINGS: dict[str, int | bool] = {
     # task event records kept for ``ray list tasks`` / ``ray timeline``; Ray's default 100 000 (~350 MB here)
     "task_events_max_num_task_in_gcs": 10_000,
     # ids of the records dropped above, per job; Ray's default 1 000 000
     "task_events_max_dropped_task_attempts_tracked_per_job_in_gcs": 10_000,
+    # no idle task workers started for the driver: Relax runs actors, each in a worker of its own
+    "prestart_worker_first_driver": False,
 }
 
 
-def embedded_system_config(environ: Mapping[str, str] | None = None) -> dict[str, int]:
-    """``ray.init(_system_config=...)`` for an embedded cluster: :data:`EMBEDDED_RAY_LIMITS`, less any the user
+def embedded_ray_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """:func:`embedded_system_config` as the ``RAY_<name>`` variables a ``ray start`` node reads (booleans as
+    ``true``/``false``)."""
+    return {f"RAY_{name}": (str(value).lower() if isinstance(value, bool) else str(value))
+            for name, value in embedded_system_config(environ).items()}
+
+
+def embedded_system_config(environ: Mapping[str, str] | None = None) -> dict[str, int | bool]:
+    """``ray.init(_system_config=...)`` for an embedded cluster: :data:`EMBEDDED_RAY_SETTINGS`, less any the user
     set as ``RAY_<name>`` in ``environ`` (Ray applies ``_system_config`` over its environment variables, so
     passing the name anyway would silently override the user's value)."""
     env = os.environ if environ is None else environ
-    return {name: value for name, value in EMBEDDED_RAY_LIMITS.items() if f"RAY_{name}" not in env}
+    return {name: value for name, value in EMBEDDED_RAY_SETTINGS.items() if f"RAY_{name}" not in env}
 
 
 def ray_temp_root() -> Path:

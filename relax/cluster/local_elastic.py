@@ -47,7 +47,7 @@ from typing import Any
 import yaml
 
 from relax.cluster import ray_auth
-from relax.cluster.embedded import embedded_system_config
+from relax.cluster.embedded import embedded_ray_env
 from relax.cluster.network import LOCALHOST as LOOPBACK
 from relax.cluster.network import free_ports, port_answers
 from relax.cluster.startup import START_ATTEMPTS, start_timed_out
@@ -798,8 +798,9 @@ class ElasticCluster:
             "RAY_USAGE_STATS_ENABLED": "0",
             # Jobs run `python3 -m relax...`: this interpreter's environment must come first on PATH.
             "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
-            # the head's GCS keeps as few task events as an embedded cluster's (relax.cluster.embedded)
-            **{f"RAY_{name}": str(value) for name, value in embedded_system_config(os.environ).items()},
+            # the head's GCS keeps as few task events as an embedded cluster's, and no idle workers start
+            # (relax.cluster.embedded)
+            **embedded_ray_env(os.environ),
             **cfg.env,
         }
         # A driver address inherited from the caller would make `ray start --head` confused about which

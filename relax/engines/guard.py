@@ -22,6 +22,7 @@ import argparse
 import contextlib
 import functools
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -93,6 +94,36 @@ def _die_with_the_guard(guard_pid: int) -> None:
         os._exit(137)
 
 
+def exit_waiter(child: subprocess.Popen[bytes]) -> Callable[[float], int | None]:
+    """``wait(timeout)``: the child's exit code once it has exited, None after ``timeout`` seconds if not.
+
+    On Linux the wait sleeps in ``select`` on a pidfd, which the kernel wakes when the child exits.
+    ``Popen.wait(timeout)`` instead polls ``waitpid`` up to every 50 ms: 20 wake-ups a second for the whole life
+    of every engine (measured: 0.08 CPU-s a guard per 20 s, as much as everything else it does).
+    """
+    try:
+        pidfd = os.pidfd_open(child.pid)
+    except (AttributeError, OSError):  # not Linux, or a kernel before 5.3
+        def poll_wait(timeout: float) -> int | None:
+            try:
+                return child.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                return None
+        return poll_wait
+
+    def pidfd_wait(timeout: float) -> int | None:
+        if child.returncode is None:
+            readable, _, _ = select.select([pidfd], [], [], timeout)
+            if not readable:
+                return None
+        code = child.wait()  # it has exited: reaps at once
+        with contextlib.suppress(OSError):
+            os.close(pidfd)
+        return code
+
+    return pidfd_wait
+
+
 def run(owner_pid: int, argv: Sequence[str], *, poll_s: float = POLL_S, grace_s: float = GRACE_S,
         shm_tags: Sequence[str] = ()) -> int:
     # same process group (ours), stdout/stderr inherited (the server log); the server dies with us
@@ -111,12 +142,10 @@ def run(owner_pid: int, argv: Sequence[str], *, poll_s: float = POLL_S, grace_s:
     # group for an owner that is gone (the owner's own stop sweeps otherwise; relax.engines.shm_leftovers)
     ledger = ShmLedger(tags=tuple(shm_tags))
     polls = 0
+    wait = exit_waiter(child)
     while True:
-        try:
-            code = child.wait(timeout=poll_s)
-        except subprocess.TimeoutExpired:
-            pass
-        else:
+        code = wait(poll_s)
+        if code is not None:
             if code < 0:  # the server died of a signal: say which, then die of the same one (our owner sees it)
                 print(f"relax guard: server pid {child.pid} {describe_exit(code)}", file=sys.stderr, flush=True)
                 if -code not in (signal.SIGKILL, signal.SIGSTOP):  # those two cannot be caught or reset
