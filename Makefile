@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # pip without the "Location ... is ignored" lines a machine's local-index configuration prints per package
 PIP    := scripts/pip_quiet.sh $(BIN)/pip
 
-.PHONY: install sglang-cpu vllm-cpu test test-sglang test-unit demo lint bench clean
+.PHONY: install sglang-cpu vllm-cpu test test-sglang test-vllm test-unit demo lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,10 @@ VLLM_VENV := .venv-vllm
 vllm-cpu:
 	VLLM_CPU_VENV=$(abspath $(VLLM_VENV)) PYTHON=$(PYTHON) bash scripts/vllm_cpu/install.sh
 
+# The contract tests against the real vLLM (tests/vllm): one process, one server for the session.
+test-vllm: $(STAMP) vllm-cpu
+	RELAX_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(BIN)/python -m pytest -n 0 tests/vllm
+
 # The tests against the real SGLang engine (tests/sglang): one process, engines shared across tests.
 test-sglang: $(STAMP) sglang-cpu
 	RELAX_SGLANG_PYTHON=$(abspath $(SGLANG_VENV))/bin/python $(BIN)/python -m pytest -n 0 tests/sglang
@@ -43,7 +47,7 @@ test-sglang: $(STAMP) sglang-cpu
 # -n 0 runs everything in one process.
 TEST_WORKERS ?= 2
 test: $(STAMP) lint
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --ignore=tests/sglang tests
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --ignore=tests/sglang --ignore=tests/vllm tests
 
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit
