@@ -61,7 +61,7 @@ log = logging.getLogger("relax.cluster")
 
 MARKER = "relax-embedded.json"
 
-#: Ray settings (``_system_config`` names) that bound what the embedded cluster's GCS keeps per task.
+#: Ray settings (``_system_config`` names) of an embedded cluster: what its GCS keeps per task, and no idle workers.
 EMBEDDED_RAY_SETTINGS: dict[str, int | bool] = {
     # task event records kept for ``ray list tasks`` / ``ray timeline``; Ray's default 100 000 (~350 MB here)
     "task_events_max_num_task_in_gcs": 10_000,
