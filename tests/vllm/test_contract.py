@@ -3,7 +3,8 @@
 Each test pins one behaviour the backend depends on or must defend against: that ``--uds`` takes the HTTP routes
 off TCP; that ``--api-key`` guards generation but not the control routes (so vLLM must never be reachable by
 others); the token route's answer and stream with per-token weight versions; a version set while paused
-labelling what follows; and that a closed stream or a pause in ``abort`` mode ends the requests in flight.
+labelling what follows, and splitting the versions of a request in flight; and that a closed stream or a pause
+in ``abort`` mode ends the requests in flight.
 """
 
 from __future__ import annotations
@@ -125,6 +126,38 @@ def test_a_version_set_while_paused_labels_the_tokens_generated_after(vllm: http
     assert choice["weight_versions"] == [{"version": "7", "start": 0, "end": len(choice["token_ids"])}]
 
 
+def test_a_request_across_a_paused_version_change_reports_both_versions(vllm: httpx.Client,
+                                                                         prompt_ids: list[int]) -> None:
+    """What per-token versions across a refit rest on: a request in flight when the engine is paused (``keep``)
+    and relabelled goes on after the resume, and its spans split where the pause fell."""
+    seen: list[dict] = []
+    five = threading.Event()
+
+    def stream() -> None:
+        with vllm_stream(vllm, prompt_ids, max_tokens=120) as s:
+            for event in events(s.iter_lines()):
+                if isinstance(event, dict):
+                    seen.append(event["choices"][0])
+                    if len(seen) >= 5:
+                        five.set()
+
+    reader = threading.Thread(target=stream)
+    reader.start()
+    assert five.wait(120), "fewer than five chunks"
+    assert vllm.post("/pause", params={"mode": "keep"}).status_code == 200
+    assert vllm.post("/update_weight_version", json={"new_version": "9"}).status_code == 200
+    assert vllm.post("/resume").status_code == 200
+    reader.join(240)
+    assert not reader.is_alive()
+    tokens = [t for c in seen for t in c["token_ids"]]
+    assert len(tokens) == 120 and seen[-1]["finish_reason"] == "length"
+    spans = seen[-1]["weight_versions"]
+    assert len(spans) >= 2 and spans[-1]["version"] == "9" and spans[0]["version"] != "9", spans
+    assert spans[0]["start"] == 0 and spans[-1]["end"] == 120
+    assert all(a["end"] == b["start"] for a, b in zip(spans, spans[1:], strict=False))
+    assert 5 <= spans[0]["end"] < 120  # the tokens streamed before the pause kept the old version
+
+
 def test_closing_a_stream_aborts_its_request(vllm: httpx.Client, prompt_ids: list[int]) -> None:
     """The client going is the abort: nothing more is generated for it. vLLM does not count such a request in
     ``vllm:request_success_total{finished_reason="abort"}`` (seen: 0), so a backend cannot read aborts from it."""
@@ -163,6 +196,7 @@ def test_a_pause_in_abort_mode_ends_a_stream_with_its_partial_output(vllm: httpx
     assert seen[-1]["weight_versions"] and seen[-1]["weight_versions"][-1]["end"] == len(tokens)
 
 
-def vllm_stream(client: httpx.Client, ids: list[int]):
+def vllm_stream(client: httpx.Client, ids: list[int], max_tokens: int = 900):
     return client.stream("POST", "/inference/v1/generate", headers=GEN, json={
-        "token_ids": ids, "stream": True, "sampling_params": {"max_tokens": 900, "temperature": 0, "ignore_eos": True}})
+        "token_ids": ids, "stream": True,
+        "sampling_params": {"max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}})
