@@ -27,6 +27,8 @@ import httpx
 import psutil
 import pytest
 
+from relax.engines.shm_leftovers import group_pids
+
 REPO = Path(__file__).resolve().parents[2]
 #: vLLM's start-up here: ~55 s on a quiet 2-core machine (imports, the engine core's and the worker's spawns).
 STARTUP_TIMEOUT_S = 280.0
@@ -61,12 +63,9 @@ class VllmServer:
     def group(self) -> list[psutil.Process]:
         """Every live process of the server's group (the API server, its engine core and worker)."""
         out = []
-        for proc in psutil.process_iter():
-            try:
-                if os.getpgid(proc.pid) == self.proc.pid and proc.status() != psutil.STATUS_ZOMBIE:
-                    out.append(proc)
-            except (psutil.Error, ProcessLookupError):
-                continue
+        for pid in group_pids(self.proc.pid):
+            with contextlib.suppress(psutil.Error):
+                out.append(psutil.Process(pid))
         return out
 
     def log_tail(self, chars: int = 3000) -> str:

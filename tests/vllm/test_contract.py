@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
+from relax.demo.elastic import wait_until
+from relax.engines.loadgen import scrape_metrics
 from tests.vllm.conftest import GENERATION_KEY, VllmServer
 
 pytestmark = pytest.mark.timeout(400)  # the session's server starts inside the first test: ~1 min, more under load
@@ -28,10 +28,14 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 @pytest.fixture(scope="module")
-def prompt_ids(vllm_server: VllmServer) -> list[int]:
+def tokenizer(vllm_server: VllmServer) -> Any:
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(vllm_server.model_dir))
+    return AutoTokenizer.from_pretrained(str(vllm_server.model_dir))
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(tokenizer: Any) -> list[int]:
     return list(tokenizer.apply_chat_template(QUESTION, add_generation_prompt=True, tokenize=True,
                                               return_dict=True)["input_ids"])
 
@@ -52,18 +56,14 @@ def events(lines: Iterator[str]) -> Iterator[dict | str]:
 
 
 def metric(client: httpx.Client, name: str) -> float:
-    """The sum of a vLLM series over its labels, read with Prometheus's own parser."""
-    return sum(sample.value for family in text_string_to_metric_families(client.get("/metrics").text)
-               for sample in family.samples if sample.name == name)
+    """A vLLM series of one sample (this server has one engine), read with Prometheus's own parser."""
+    return scrape_metrics(client.get("/metrics").text)[name]
 
 
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := predicate():
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+def vllm_stream(client: httpx.Client, ids: list[int], max_tokens: int = 900):
+    return client.stream("POST", "/inference/v1/generate", headers=GEN, json={
+        "token_ids": ids, "stream": True,
+        "sampling_params": {"max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}})
 
 
 def test_with_uds_http_is_on_the_socket_only_and_the_rest_on_loopback(vllm_server: VllmServer,
@@ -90,10 +90,7 @@ def test_the_api_key_guards_generation_but_not_pause_or_resume(vllm: httpx.Clien
 
 
 def test_the_token_route_answers_greedily_with_eos_and_versions(vllm: httpx.Client, prompt_ids: list[int],
-                                                                 vllm_server: VllmServer) -> None:
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(vllm_server.model_dir))
+                                                                 tokenizer: Any) -> None:
     choice = generate(vllm, prompt_ids, 32)
     ids = choice["token_ids"]
     assert "Paris" in tokenizer.decode(ids, skip_special_tokens=True)
@@ -167,7 +164,8 @@ def test_closing_a_stream_aborts_its_request(vllm: httpx.Client, prompt_ids: lis
             "sampling_params": {"max_tokens": 900, "temperature": 0, "ignore_eos": True}}) as s:
         first = next(e for e in events(s.iter_lines()) if isinstance(e, dict))
         assert first["choices"][0]["token_ids"]
-    wait_for(lambda: metric(vllm, "vllm:num_requests_running") == 0, 120, "the closed stream's request to end")
+    wait_until(lambda: metric(vllm, "vllm:num_requests_running") == 0, 120, "the closed stream's request to end",
+               poll_s=0.2)
     # had it run on, its 900 tokens would all be counted before it left the running set
     assert metric(vllm, "vllm:generation_tokens_total") - generated < 100
 
@@ -194,9 +192,3 @@ def test_a_pause_in_abort_mode_ends_a_stream_with_its_partial_output(vllm: httpx
     tokens = [t for c in seen for t in c["token_ids"]]
     assert seen[-1]["finish_reason"] == "abort" and 0 < len(tokens) < 900
     assert seen[-1]["weight_versions"] and seen[-1]["weight_versions"][-1]["end"] == len(tokens)
-
-
-def vllm_stream(client: httpx.Client, ids: list[int], max_tokens: int = 900):
-    return client.stream("POST", "/inference/v1/generate", headers=GEN, json={
-        "token_ids": ids, "stream": True,
-        "sampling_params": {"max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}})
