@@ -50,8 +50,9 @@ def add_cluster_parser(subparsers: Any) -> None:
                     help="most elastic {GPU:1, CPU:1} nodes the autoscaler may add (default 4)")
     up.add_argument("--node-group", default="stable",
                     help="node group G of the head's markers {G}_gpu / {G}_cpu (default stable)")
-    up.add_argument("--idle-timeout-minutes", type=argtypes.positive_float, default=0.15,
-                    help="idle elastic nodes are removed after this long (default 0.15)")
+    up.add_argument("--idle-timeout-minutes", type=argtypes.positive_float, default=0.25,
+                    help="idle elastic nodes are removed after this long (default 0.25; keep it above the time "
+                         "a node takes to start, or a node can go just as its placement group lands)")
     up.add_argument("--port", type=argtypes.port, default=0, help="GCS port (default 0: a free port)")
     up.add_argument("--dashboard-port", type=argtypes.port, default=8265,
                     help="dashboard port for `ray job submit` (default 8265; 0 picks a free one)")

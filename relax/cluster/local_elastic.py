@@ -95,8 +95,11 @@ class ElasticClusterConfig:
     elastic_gpus: int = 1
     elastic_cpus: int = 1
     elastic_node_type: str = ELASTIC_NODE_TYPE
-    idle_timeout_minutes: float = 0.15
-    """Below ~0.1 min fake nodes vanish before a multi-node placement group forms (measured on these machines)."""
+    idle_timeout_minutes: float = 0.25
+    """Keep it well above the time a node takes to start. Ray's v1 autoscaler counts a node idle from its raylet's
+    start and reads pending placement groups and idle times in two calls, so a node whose group lands after the
+    timeout can be removed just as the group lands (seen at 0.1 min on a loaded 2-core machine: the group was
+    ready, its first actor was cancelled by the node's SIGTERM)."""
     upscaling_speed: float = 1.0
     include_dashboard: bool = True
     """On by default so ``ray job submit`` and the state API work; costs ~1 GB more memory."""

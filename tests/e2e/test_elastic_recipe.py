@@ -36,7 +36,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 @pytest.fixture(scope="module")
 def cluster():
-    config = ElasticClusterConfig(head_gpus=4, max_elastic=2, dashboard_port=0, idle_timeout_minutes=0.15,
+    config = ElasticClusterConfig(head_gpus=4, max_elastic=2, dashboard_port=0,
                                   node_group="baseline")
     with ElasticCluster(config) as c:
         yield c

@@ -169,7 +169,7 @@ def _running_job_driver(info: ClusterInfo, tmp_path: Any) -> int:
 
 def test_elastic_cluster_grows_and_shrinks(record_property: Any, tmp_path: Any) -> None:
     # Dashboard on, as `relax cluster up` runs it: `ray job submit` needs its jobs API.
-    config = ElasticClusterConfig(head_gpus=2, max_elastic=2, idle_timeout_minutes=0.1,
+    config = ElasticClusterConfig(head_gpus=2, max_elastic=2,
                                   include_dashboard=True, dashboard_port=free_port())
     cluster = ElasticCluster(config)
     timings: dict[str, float] = {}
