@@ -17,10 +17,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
-__all__ = ["EventStream", "StreamError"]
+__all__ = ["EventStream", "StreamError", "sse"]
 
 _SEP = b"\n\n"
 _DONE = b"[DONE]"
+
+
+def sse(payload: dict[str, Any]) -> bytes:
+    """One server-sent event as SGLang frames it (``data: <json>`` and a blank line): what this module reads."""
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
 
 
 class StreamError(ValueError):

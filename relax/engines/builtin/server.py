@@ -47,10 +47,11 @@ from relax.engines.builtin.scheduler import Capacity
 from relax.engines.builtin.scheduler import Request as EngineRequest
 from relax.engines.builtin.stream_response import ClientWaits, StallGuardedStream, expose_connection_abort
 from relax.engines.builtin.stream_stall import StallBound, stall_timeout_from_env
-from relax.engines.builtin.streaming import StreamFeed, Wakeups, abort_unfinished, parent_rids, sse
+from relax.engines.builtin.streaming import StreamFeed, Wakeups, abort_unfinished, parent_rids
 from relax.engines.builtin.tokenizer import load_tokenizer
 from relax.engines.builtin.weight_checker import WeightsCheckerBody, weights_checksum_answer
 from relax.engines.builtin.weight_updates import DistributedUpdates, WeightUpdateError
+from relax.engines.event_stream import sse
 from relax.engines.guard import parent_watchdog
 from relax.engines.keys import authorized, carries_a_key, is_admin_route
 from relax.pace import Pace, PaceAnonymous

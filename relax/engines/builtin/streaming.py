@@ -31,7 +31,6 @@ consistent prefix).
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -40,15 +39,11 @@ import anyio
 
 from relax.engines.builtin.scheduler import Request
 from relax.engines.builtin.versions import version_spans
+from relax.engines.event_stream import sse
 
 __all__ = ["DONE", "StreamFeed", "Wakeups", "abort_unfinished", "parent_rids", "sse"]
 
 DONE = b"data: [DONE]\n\n"
-
-
-def sse(payload: dict[str, Any]) -> bytes:
-    """One server-sent event (SGLang's framing: ``data: <json>`` and a blank line)."""
-    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
 
 
 class Wakeups:
