@@ -110,6 +110,16 @@ def test_relax_client_generates_through_the_front_as_vllm_answers(front: Front, 
                          headers={"Authorization": f"Bearer {FRONT_KEY}"},
                          json={"input_ids": prompt_ids, "sampling_params": {"max_tokens": 4}})
     assert refused.status_code == 400 and "max_tokens" in refused.json()["error"]["message"]
+    # a body that is not JSON, and what vLLM itself refuses (a token id past the vocabulary): one line each
+    gen = {"Authorization": f"Bearer {FRONT_KEY}"}
+    garbled = httpx.post(f"{front.url}/generate", content=b"{", headers=gen, timeout=30, trust_env=False)
+    assert garbled.status_code == 400 and garbled.json()["error"]["message"] == "the body is not JSON"
+    past = httpx.post(f"{front.url}/generate", headers=gen, timeout=30, trust_env=False,
+                      json={"input_ids": [10**9], "sampling_params": {"max_new_tokens": 2}})
+    assert past.status_code == 400 and past.json()["error"]["message"].startswith("vLLM answered 400: "), past.text
+    none = httpx.post(f"{front.url}/pause_generation", json={"mode": "none"}, timeout=30, trust_env=False,
+                      headers={"Authorization": f"Bearer {FRONT_ADMIN_KEY}"})
+    assert none.status_code == 400 and "abort, retract, in_place" in none.json()["error"]["message"]
 
 
 @pytest.mark.parametrize("key", [None, FRONT_KEY], ids=["no key", "generation key"])

@@ -103,6 +103,14 @@ class Upstream:
             await self._session.close()
 
 
+class UpstreamFailed(Exception):
+    """vLLM answered a call with an error; the front answers with vLLM's status and message."""
+
+    def __init__(self, answer: Answer) -> None:
+        super().__init__(f"vLLM answered {answer.status}")
+        self.answer = answer
+
+
 def create_app(upstream: Upstream, keys: EngineKeys, state: FrontState) -> FastAPI:
     app = FastAPI(title="Relax vLLM front")
 
@@ -116,7 +124,22 @@ def create_app(upstream: Upstream, keys: EngineKeys, state: FrontState) -> FastA
             return _error(404, f"{path}: not a route of Relax's vLLM front (it serves {', '.join(sorted(ROUTES))})")
         return await call_next(request)
 
+    @app.exception_handler(RequestRefused)
+    async def _refused(_: Request, refused: RequestRefused) -> JSONResponse:
+        return _error(400, str(refused))
+
+    @app.exception_handler(UpstreamFailed)
+    async def _failed(_: Request, failed: UpstreamFailed) -> JSONResponse:
+        return _error(failed.answer.status, _upstream_message(failed.answer))
+
     forward = upstream.call
+
+    async def forward_ok(method: str, path: str, **kwargs: Any) -> Answer:
+        """vLLM's answer to a control call, or the front's error carrying vLLM's message."""
+        answer = await upstream.call(method, path, **kwargs)
+        if answer.status != 200:
+            raise UpstreamFailed(answer)
+        return answer
 
     @app.get("/health")
     async def health() -> Response:
@@ -136,15 +159,10 @@ def create_app(upstream: Upstream, keys: EngineKeys, state: FrontState) -> FastA
 
     @app.post("/generate")
     async def generate(request: Request) -> Response:
-        try:
-            call = generate_call(await _json(request), lambda: uuid.uuid4().hex)
-        except RequestRefused as refused:
-            return _error(400, str(refused))
+        call = generate_call(await _json(request), lambda: uuid.uuid4().hex)
         if call.stream:
             return StreamingResponse(_stream(upstream, call, state), media_type="text/event-stream")
-        answer = await forward("POST", TOKEN_ROUTE, json=call.vllm_body)
-        if answer.status != 200:
-            return _error(answer.status, _upstream_message(answer))
+        answer = await forward_ok("POST", TOKEN_ROUTE, json=call.vllm_body)
         choices = sorted(answer.json().get("choices") or [], key=lambda c: c.get("index", 0))
         outputs = []
         for rid, choice in zip(sample_rids(call), choices, strict=True):
@@ -155,45 +173,28 @@ def create_app(upstream: Upstream, keys: EngineKeys, state: FrontState) -> FastA
 
     @app.post("/pause_generation")
     async def pause(request: Request) -> Response:
-        try:
-            query = pause_query(await _json(request))
-        except RequestRefused as refused:
-            return _error(400, str(refused))
-        answer = await forward("POST", "/pause", params=query)
-        if answer.status != 200:
-            return _error(answer.status, _upstream_message(answer))
+        query = pause_query(await _json(request))
+        await forward_ok("POST", "/pause", params=query)
         log.info("paused (vLLM mode %s, clear_cache %s)", query["mode"], query.get("clear_cache", "default"))
         return JSONResponse({"success": True, "message": f"paused ({json.dumps(query)})"})
 
     @app.post("/continue_generation")
     async def resume() -> Response:
-        answer = await forward("POST", "/resume")
-        if answer.status != 200:
-            return _error(answer.status, _upstream_message(answer))
+        await forward_ok("POST", "/resume")
         return JSONResponse({"success": True, "message": "resumed"})
 
     @app.post("/abort_request")
     async def abort(request: Request) -> Response:
-        try:
-            body = abort_body(await _json(request))
-        except RequestRefused as refused:
-            return _error(400, str(refused))
+        body = abort_body(await _json(request))
         if body is None:
             return JSONResponse({"success": True, "aborted": 0})
-        answer = await forward("POST", "/abort_requests", json=body)
-        if answer.status != 200:
-            return _error(answer.status, _upstream_message(answer))
+        answer = await forward_ok("POST", "/abort_requests", json=body)
         return JSONResponse({"success": True, "aborted": answer.json().get("aborted", 0)})
 
     @app.post("/update_weight_version")
     async def update_weight_version(request: Request) -> Response:
-        try:
-            version = version_body(await _json(request))
-        except RequestRefused as refused:
-            return _error(400, str(refused))
-        answer = await forward("POST", "/update_weight_version", json={"new_version": version})
-        if answer.status != 200:
-            return _error(answer.status, _upstream_message(answer))
+        version = version_body(await _json(request))
+        await forward_ok("POST", "/update_weight_version", json={"new_version": version})
         state.version = version
         return JSONResponse({"success": True, "new_version": version})
 
