@@ -117,7 +117,7 @@ def stop_vllm(server: VllmServer, grace_s: float = 30.0) -> None:
         server.proc.wait(timeout=30)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")  # test_contract's own: the front's tests start theirs through the front
 def vllm_server(smollm2_preset) -> Iterator[VllmServer]:
     workdir = Path(tempfile.mkdtemp(prefix="relax-vllm-"))
     server = start_vllm(smollm2_preset.model_dir, workdir)

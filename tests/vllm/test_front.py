@@ -9,6 +9,7 @@ reaches a route the front does not serve.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -21,15 +22,15 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 
 from relax.cluster.network import free_port
 from relax.engines.client import EngineClient
 from relax.engines.event_stream import EventStream
 from relax.engines.keys import is_admin_route
-from tests.vllm.conftest import GENERATION_KEY, VllmServer
-from tests.vllm.test_contract import generate as vllm_generate
-from tests.vllm.test_contract import prompt_ids, tokenizer  # noqa: F401 - the module's fixtures
+from tests.vllm.conftest import STARTUP_TIMEOUT_S, vllm_interpreter
+from tests.vllm.test_contract import QUESTION
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -45,33 +46,89 @@ class Front:
     def client(self) -> EngineClient:
         return EngineClient(self.url, token=FRONT_KEY, admin_token=FRONT_ADMIN_KEY, timeout=120)
 
+    def vllm(self) -> psutil.Process:
+        """The vLLM API server the front started."""
+        (server,) = [p for p in psutil.Process(self.proc.pid).children()
+                     if "vllm.entrypoints.openai.api_server" in " ".join(p.cmdline())]
+        return server
+
 
 @pytest.fixture(scope="module")
-def front(vllm_server: VllmServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Front]:
+def front(smollm2_preset, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Front]:
+    """``python -m relax.engines.vllm`` as an engine runs it: the front starts its own vLLM (CPU choices its own,
+    plus the small context and batch of these tests after ``--``)."""
     port, log = free_port(), tmp_path_factory.mktemp("front") / "front.log"
     env = {**os.environ, "RELAX_ENGINE_API_KEY": FRONT_KEY, "RELAX_ENGINE_ADMIN_API_KEY": FRONT_ADMIN_KEY,
-           "RELAX_VLLM_UPSTREAM_KEY": GENERATION_KEY}
+           "OMP_NUM_THREADS": "1"}
     with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "relax.engines.vllm.front", "--port", str(port),
-                                 "--upstream-uds", str(vllm_server.socket), "--model-path",
-                                 str(vllm_server.model_dir)], stdout=out, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen([sys.executable, "-m", "relax.engines.vllm", "--port", str(port), "--vllm-python",
+                                 vllm_interpreter(), "--model-path", str(smollm2_preset.model_dir), "--",
+                                 "--max-model-len", "1024", "--max-num-seqs", "8"],
+                                stdout=out, stderr=subprocess.STDOUT, env=env)
     front = Front(proc, f"http://127.0.0.1:{port}", log)
+    vllm_family: list[psutil.Process] = []
+    workdir = ""
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while True:  # a start with no event to wait on: the port answers or it does not
-            assert proc.poll() is None, log.read_text()
+            assert proc.poll() is None, log.read_text()[-3000:]
             try:
                 if httpx.get(f"{front.url}/health", timeout=5, trust_env=False).status_code == 200:
                     break
             except httpx.TransportError:
                 pass
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.2)
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.5)
+        server = front.vllm()
+        vllm_family = [server, *server.children(recursive=True)]
+        workdir = str(Path(_uds(server)).parent)
+        assert os.stat(workdir).st_mode & 0o777 == 0o700  # nobody else reaches vLLM's socket
         yield front
     finally:
         proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=30)
-    assert FRONT_KEY not in " ".join(proc.args) and FRONT_ADMIN_KEY not in " ".join(proc.args)  # keys not in argv
+        code = proc.wait(timeout=60)
+    # keys never in argv (the front's or vLLM's); the stop is clean: vLLM's processes and directory gone
+    args = " ".join(proc.args) + " ".join(" ".join(p.cmdline()) for p in vllm_family if p.is_running())
+    assert FRONT_KEY not in args and FRONT_ADMIN_KEY not in args
+    assert code in (0, -signal.SIGTERM), log.read_text()[-3000:]  # uvicorn re-raises the SIGTERM it handled
+    assert [p for p in vllm_family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE] == []
+    assert workdir and not os.path.exists(workdir)
+
+
+def _uds(server: psutil.Process) -> str:
+    argv = server.cmdline()
+    return argv[argv.index("--uds") + 1]
+
+
+@pytest.fixture(scope="module")
+def vllm(front: Front) -> Iterator[httpx.Client]:
+    """vLLM itself, behind the front: through its socket with the key the front gave it (from its environment)."""
+    server = front.vllm()
+    key = server.environ()["VLLM_API_KEY"]
+    with httpx.Client(transport=httpx.HTTPTransport(uds=_uds(server)), base_url="http://vllm", timeout=120,
+                      trust_env=False, headers={"Authorization": f"Bearer {key}"}) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def tokenizer(smollm2_preset) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(smollm2_preset.model_dir))
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(tokenizer: Any) -> list[int]:
+    return list(tokenizer.apply_chat_template(QUESTION, add_generation_prompt=True, tokenize=True,
+                                              return_dict=True)["input_ids"])
+
+
+def vllm_generate(client: httpx.Client, ids: list[int], max_tokens: int) -> dict:
+    """vLLM's own greedy answer on its token route (the front's key-free way in)."""
+    answer = client.post("/inference/v1/generate", json={
+        "token_ids": ids, "sampling_params": {"max_tokens": max_tokens, "temperature": 0}})
+    assert answer.status_code == 200, answer.text
+    return answer.json()["choices"][0]
 
 
 def _run(coro: Any) -> Any:
@@ -79,7 +136,7 @@ def _run(coro: Any) -> Any:
 
 
 def test_relax_client_generates_through_the_front_as_vllm_answers(front: Front, vllm: httpx.Client,
-                                                                  prompt_ids: list[int]) -> None:  # noqa: F811
+                                                                  prompt_ids: list[int]) -> None:
     direct = vllm_generate(vllm, prompt_ids, 24)
     sampling = {"max_new_tokens": 24, "temperature": 0}
 
@@ -146,7 +203,7 @@ def test_without_the_admin_key_nobody_pauses_relabels_or_reaches_vllm(front: Fro
 
 
 def test_a_stream_across_a_paused_relabel_reports_both_versions(front: Front, vllm: httpx.Client,
-                                                                prompt_ids: list[int]) -> None:  # noqa: F811
+                                                                prompt_ids: list[int]) -> None:
     """A refit's pause in place through the front: the prefix before the relabel keeps its label, later tokens
     take the new one, and the last chunk carries vLLM's own spans, which agree."""
     body = {"input_ids": prompt_ids, "stream": True, "rid": "across",
@@ -184,3 +241,31 @@ def test_a_stream_across_a_paused_relabel_reports_both_versions(front: Front, vl
     # a prefix held before the finish labels its tokens as the final spans do
     held = chunks[-2]["meta_info"]["weight_versions"]
     assert held[0]["version"] == "0" and held[-1]["version"] == "5"
+
+
+def test_a_stop_while_vllm_starts_leaves_nothing(smollm2_preset) -> None:
+    """SIGTERM to the front while its vLLM is still loading: the front ends the start, stops vLLM's processes and
+    removes its directory (the first vLLM child seen is enough: the stop collects its family then)."""
+    proc = subprocess.Popen([sys.executable, "-m", "relax.engines.vllm", "--port", str(free_port()), "--vllm-python",
+                             vllm_interpreter(), "--model-path", str(smollm2_preset.model_dir), "--",
+                             "--max-model-len", "1024", "--max-num-seqs", "8"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    front = Front(proc, "", Path())
+    family: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 120
+        while not family:  # vLLM's engine core started: the API server is mid-start
+            assert proc.poll() is None and time.monotonic() < deadline
+            with contextlib.suppress(ValueError, psutil.Error):
+                server = front.vllm()
+                family = [server, *server.children(recursive=True)] if server.children() else []
+            time.sleep(0.2)
+        workdir = Path(_uds(family[0])).parent
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        output = proc.communicate(timeout=60)[0].decode(errors="replace")
+    assert proc.returncode == 0, output[-3000:]
+    assert "stopped while vLLM was starting" in output
+    assert [p for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE] == [], output[-2000:]
+    assert not workdir.exists()

@@ -4,21 +4,15 @@ Why a process of its own: vLLM's ``--api-key`` leaves ``/pause``, ``/resume``, i
 ``/collective_rpc`` open, so vLLM must not listen where anyone else can reach it (``--uds`` in a directory of
 mode 0700). The front is the only way in, and it opens the routes it knows by the run's two keys
 (``relax.engines.keys``): the generation key generates, only the admin key pauses, aborts or relabels, and no
-key reaches anything the front does not translate.
-
-Keys come from the environment, never argv: ``RELAX_ENGINE_API_KEY`` and ``RELAX_ENGINE_ADMIN_API_KEY`` (as for
-the built-in engine), ``RELAX_VLLM_UPSTREAM_KEY`` (the ``--api-key`` vLLM itself was given, if any).
+key reaches anything the front does not translate. ``python -m relax.engines.vllm`` runs it.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
-import os
-import sys
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +20,6 @@ import aiohttp
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from relax.config.checks import is_loopback_host
 from relax.engines.event_stream import sse
 from relax.engines.keys import EngineKeys, authorized, is_admin_route
 from relax.engines.vllm.translate import (
@@ -111,8 +104,13 @@ class UpstreamFailed(Exception):
         self.answer = answer
 
 
-def create_app(upstream: Upstream, keys: EngineKeys, state: FrontState) -> FastAPI:
+def create_app(upstream: Upstream, keys: EngineKeys, state: FrontState,
+               on_shutdown: Callable[[], Awaitable[None]] | None = None) -> FastAPI:
+    """The front's routes. ``on_shutdown`` runs in uvicorn's graceful stop (stopping the vLLM it started: uvicorn
+    re-raises the SIGTERM it caught once it has stopped, so nothing after the server's return would run)."""
     app = FastAPI(title="Relax vLLM front")
+    if on_shutdown is not None:
+        app.router.on_shutdown.append(on_shutdown)
 
     @app.middleware("http")
     async def _require_key(request: Request, call_next: Any) -> Response:
@@ -130,7 +128,7 @@ def create_app(upstream: Upstream, keys: EngineKeys, state: FrontState) -> FastA
 
     @app.exception_handler(UpstreamFailed)
     async def _failed(_: Request, failed: UpstreamFailed) -> JSONResponse:
-        return _error(failed.answer.status, _upstream_message(failed.answer))
+        return _error(failed.answer.status, upstream_message(failed.answer))
 
     forward = upstream.call
 
@@ -223,7 +221,7 @@ async def _json(request: Request) -> Any:
         raise RequestRefused("the body is not JSON") from None
 
 
-def _upstream_message(answer: Answer) -> str:
+def upstream_message(answer: Answer) -> str:
     """vLLM's error message (its ``{"error": {...}}`` or ``{"detail"}`` shapes), prefixed so it reads as vLLM's."""
     try:
         body = answer.json()
@@ -241,7 +239,7 @@ async def _stream(upstream: Upstream, call: GenerateCall, state: FrontState) -> 
     async with upstream.session().post(TOKEN_ROUTE, json=call.vllm_body) as answer:
         if answer.status != 200:
             failed = Answer(answer.status, await answer.read(), "")
-            yield sse({"error": {"message": _upstream_message(failed), "code": answer.status}})
+            yield sse({"error": {"message": upstream_message(failed), "code": answer.status}})
             yield b"data: [DONE]\n\n"
             return
         async for raw in answer.content:  # one line at a time
@@ -259,51 +257,3 @@ async def _stream(upstream: Upstream, call: GenerateCall, state: FrontState) -> 
                 output.add(choice, state.version)
                 yield sse(output.answer(state.version))
     yield b"data: [DONE]\n\n"
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m relax.engines.vllm.front",
-                                     description="Relax's engine contract in front of a vLLM server on a Unix socket")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--upstream-uds", required=True, help="the Unix socket vLLM serves on (its --uds)")
-    parser.add_argument("--model-path", default="", help="reported by /model_info")
-    parser.add_argument("--weight-version", default="0", help="the label the weights start with")
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    return parser.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    import asyncio
-
-    import uvicorn
-
-    args = parse_args(argv)
-    keys = EngineKeys(os.environ.get("RELAX_ENGINE_API_KEY") or None,
-                      os.environ.get("RELAX_ENGINE_ADMIN_API_KEY") or None)
-    if not is_loopback_host(args.host) and not (keys.generation and keys.admin):
-        print(f"relax vLLM front: error: --host {args.host} is reachable from other machines; set "
-              "RELAX_ENGINE_API_KEY and RELAX_ENGINE_ADMIN_API_KEY, or listen on 127.0.0.1", file=sys.stderr)
-        return 2
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    upstream = Upstream(args.upstream_uds, os.environ.get("RELAX_VLLM_UPSTREAM_KEY") or None)
-    state = FrontState(version=args.weight_version, model_path=args.model_path)
-
-    async def serve() -> None:
-        # vLLM labels its weights "default" until told otherwise: the front's label from the first token on
-        answer = await upstream.call("POST", "/update_weight_version", json={"new_version": state.version})
-        if answer.status != 200:
-            raise SystemExit(f"relax vLLM front: error: could not label vLLM's weights: {_upstream_message(answer)}")
-        config = uvicorn.Config(create_app(upstream, keys, state), host=args.host, port=args.port,
-                                log_level=args.log_level, access_log=False)
-        try:
-            await uvicorn.Server(config).serve()
-        finally:
-            await upstream.close()
-
-    asyncio.run(serve())
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
